@@ -1,0 +1,212 @@
+"""Generate the InferenceDeployment CRD from the pydantic models.
+
+Pydantic writes the JSON schema; this module only translates it into the *structural* OpenAPI v3
+dialect Kubernetes requires (no ``$ref``, no ``anyOf`` with ``null``, ``nullable`` instead,
+int-or-string quantities) and adds what JSON schema cannot say (CEL rules, printer columns).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from infertune_operator.api import models
+
+JsonSchema = dict[str, Any]
+
+# CEL rules for what the schema alone can't say. Keyed by the property path below spec.
+CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "slo": [
+        {
+            "rule": "has(self.ttftMs) || has(self.itlMs) || has(self.e2eLatencyMs)",
+            "message": "give at least one latency bound: ttftMs, itlMs or e2eLatencyMs",
+        }
+    ],
+    "slo.ttftMs": [
+        {
+            "rule": "has(self.p50) || has(self.p95) || has(self.p99)",
+            "message": "give at least one of p50, p95, p99",
+        }
+    ],
+    "slo.itlMs": [
+        {
+            "rule": "has(self.p50) || has(self.p95) || has(self.p99)",
+            "message": "give at least one of p50, p95, p99",
+        }
+    ],
+    "slo.e2eLatencyMs": [
+        {
+            "rule": "has(self.p50) || has(self.p95) || has(self.p99)",
+            "message": "give at least one of p50, p95, p99",
+        }
+    ],
+    "model.architecture": [
+        {"rule": "self.heads % self.kvHeads == 0", "message": "heads must be a multiple of kvHeads"},
+        {
+            "rule": "self.hiddenSize % self.heads == 0",
+            "message": "hiddenSize must be a multiple of heads",
+        },
+    ],
+    "": [
+        {
+            "rule": "!has(self.search) || !has(self.search.tensorParallel) || "
+            "self.search.tensorParallel.exists(t, t <= "
+            "(has(self.gpu.maxGpusPerReplica) ? self.gpu.maxGpusPerReplica : 8))",
+            "message": "every search.tensorParallel value exceeds gpu.maxGpusPerReplica",
+        }
+    ],
+}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1},
+    {"name": "GPU", "type": "string", "jsonPath": ".spec.gpu.product", "priority": 1},
+    {"name": "TP", "type": "integer", "jsonPath": ".status.bestConfig.tp"},
+    {"name": "Batch", "type": "integer", "jsonPath": ".status.bestConfig.maxBatchSize"},
+    {"name": "Quant", "type": "string", "jsonPath": ".status.bestConfig.quantization"},
+    {"name": "KV", "type": "string", "jsonPath": ".status.bestConfig.kvCacheDtype", "priority": 1},
+    {
+        "name": "Tok/s/GPU",
+        "type": "number",
+        "jsonPath": ".status.bestMetrics.outputTokensPerSecondPerGpu",
+    },
+    {"name": "SLO", "type": "boolean", "jsonPath": ".status.bestMetrics.sloMet"},
+    {"name": "Trials", "type": "integer", "jsonPath": ".status.trials.executed", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROP_KEYS = {"title", "$defs"}
+
+
+def _resolve(node: Any, defs: dict[str, JsonSchema]) -> Any:
+    """Inline $refs and rewrite every node into structural OpenAPI v3."""
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        if isinstance(extra.get("default"), dict):
+            # The API server fills nested defaults into an empty object; a full dump would
+            # carry nulls the structural schema rejects.
+            extra["default"] = {}
+        target.update(extra)
+        return _resolve(target, defs)
+    node = dict(node)
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        types = sorted(o.get("type", "") for o in options)
+        if types == ["integer", "string"]:
+            merged: JsonSchema = {"x-kubernetes-int-or-string": True}
+        elif len(options) == 1:
+            merged = _resolve(options[0], defs)
+        else:
+            raise ValueError(f"cannot express anyOf {options} structurally")
+        node = {**merged, **{k: v for k, v in node.items() if k not in ("default",)}}
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("default", 0) is None:
+        node.pop("default")
+    out: JsonSchema = {}
+    for key, value in node.items():
+        if key in _DROP_KEYS or (key == "additionalProperties" and value is False):
+            # Structural schemas forbid additionalProperties: false; the API server prunes
+            # unknown fields instead and `kubectl apply` (strict field validation) names them.
+            continue
+        if key == "properties":
+            out[key] = {k: _resolve(v, defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _resolve(value, defs)
+        elif key == "propertyNames":
+            # Kubernetes has no propertyNames; map keys are checked by CEL (see below).
+            out["x-kubernetes-validations"] = [
+                {
+                    "rule": "self.all(k, k in " + _cel_list(value.get("enum", [])) + ")",
+                    "message": "keys must be one of " + ", ".join(value.get("enum", [])),
+                }
+            ]
+        else:
+            out[key] = value
+    if out.get("type") == "array" and out.get("items", {}).get("type") in ("string", "integer"):
+        out["x-kubernetes-list-type"] = "set"
+    return out
+
+
+def _cel_list(values: list[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _attach_rules(spec_schema: JsonSchema) -> None:
+    for path, rules in CEL_RULES.items():
+        node = spec_schema
+        for part in [p for p in path.split(".") if p]:
+            node = node["properties"][part]
+        node.setdefault("x-kubernetes-validations", []).extend(rules)
+
+
+def openapi_schema() -> JsonSchema:
+    """The structural schema of the whole object (apiVersion, kind, metadata, spec, status)."""
+    spec_raw = models.InferenceDeploymentSpec.model_json_schema(by_alias=True)
+    status_raw = models.InferenceDeploymentStatus.model_json_schema(by_alias=True)
+    spec = _resolve(spec_raw, spec_raw.get("$defs", {}))
+    status = _resolve(status_raw, status_raw.get("$defs", {}))
+    spec.pop("description", None)
+    status.pop("description", None)
+    status.pop("additionalProperties", None)
+    status["x-kubernetes-preserve-unknown-fields"] = True  # Kopf's own bookkeeping lives here
+    _attach_rules(spec)
+    return {
+        "type": "object",
+        "description": "An LLM served by Triton + TensorRT-LLM with an autotuned configuration.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def crd() -> JsonSchema:
+    """The CustomResourceDefinition object as a dict."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{models.PLURAL}.{models.GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "infertune"},
+        },
+        "spec": {
+            "group": models.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": models.KIND,
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "shortNames": list(models.SHORT_NAMES),
+                "categories": ["infertune"],
+            },
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated by `infertune crd` from the pydantic models. Do not edit by hand.\n"
+
+
+def crd_yaml() -> str:
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100)

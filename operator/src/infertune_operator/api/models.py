@@ -1,0 +1,326 @@
+"""The InferenceDeployment API (infertune.io/v1alpha1): the single source of truth.
+
+Everything else derives from these models: the CRD in ``crds/`` is generated from them
+(``infertune crd``), ``infertune validate`` checks manifests with them, the operator reads custom
+resources through them and the tuner request is built from them.
+
+YAML uses camelCase (``inputTokens``); Python uses snake_case (``input_tokens``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GROUP = "infertune.io"
+VERSION = "v1alpha1"
+KIND = "InferenceDeployment"
+PLURAL = "inferencedeployments"
+SINGULAR = "inferencedeployment"
+SHORT_NAMES = ["infd"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+Quantization = Literal["bf16", "fp16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4"]
+KvCacheDtype = Literal["auto", "fp8"]
+TensorParallel = Literal[1, 2, 4, 8, 16, 32, 64]
+Backend = Literal["triton", "simulated"]
+Phase = Literal["Pending", "Tuning", "Deploying", "Ready", "Failed"]
+
+QUANTIZATIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+def to_camel(snake: str) -> str:
+    """``e2e_latency_ms`` -> ``e2eLatencyMs`` (pydantic's own would give ``e2ELatencyMs``)."""
+    first, *rest = snake.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    def wire(self) -> dict[str, object]:
+        """The camelCase dict a user would write (unset optional fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ---------------------------------------------------------------- spec.model
+
+
+class ModelSource(ApiModel):
+    uri: str = Field(
+        min_length=1,
+        description="Where the weights live: pvc://claim/path, hf://org/name, s3://bucket/key.",
+        pattern=r"^(pvc|hf|s3|gs|file)://.+",
+    )
+
+
+class ArchitectureOverride(ApiModel):
+    """Transformer shape for a model that is not in the catalog (or to correct it)."""
+
+    layers: PositiveInt
+    hidden_size: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    ffn_size: PositiveInt
+    vocab_size: PositiveInt
+    experts: PositiveInt | None = Field(default=None, description="MoE experts per layer.")
+    experts_active: PositiveInt | None = Field(
+        default=None, description="MoE experts active per token."
+    )
+
+    @model_validator(mode="after")
+    def _heads_group(self) -> ArchitectureOverride:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kvHeads ({self.kv_heads})")
+        if self.hidden_size % self.heads:
+            raise ValueError(
+                f"hiddenSize ({self.hidden_size}) must be a multiple of heads ({self.heads})"
+            )
+        return self
+
+
+class ModelSpec(ApiModel):
+    name: str = Field(
+        min_length=1,
+        description="Catalog key (llama-2-70b, see `infertune models`) or a Hugging Face id mapping to one.",
+    )
+    source: ModelSource | None = None
+    checkpoints: dict[Quantization, str] = Field(
+        default_factory=dict,
+        max_length=6,
+        description="Quantization -> URI of a pre-quantized (ModelOpt) checkpoint.",
+    )
+    architecture: ArchitectureOverride | None = None
+
+
+# ---------------------------------------------------------------- spec.gpu
+
+
+class Toleration(ApiModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class GpuSpec(ApiModel):
+    product: str = Field(
+        min_length=1, description="GPU catalog key such as H100-SXM-80GB (see `infertune gpus`)."
+    )
+    max_gpus_per_replica: Annotated[int, Field(ge=1, le=64)] = 8
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+
+
+# ---------------------------------------------------------------- spec.workload
+
+
+class WorkloadSpec(ApiModel):
+    input_tokens: PositiveInt = Field(description="Prompt length in tokens (ISL).")
+    output_tokens: PositiveInt = Field(description="Generated tokens per request (OSL).")
+    input_tokens_stddev: Annotated[int, Field(ge=0)] | None = None
+    output_tokens_stddev: Annotated[int, Field(ge=0)] | None = None
+
+
+# ---------------------------------------------------------------- spec.slo
+
+PositiveMs = Annotated[float, Field(gt=0)]
+
+
+class PercentileBound(ApiModel):
+    """Upper bounds in milliseconds; at least one percentile."""
+
+    p50: PositiveMs | None = None
+    p95: PositiveMs | None = None
+    p99: PositiveMs | None = None
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> PercentileBound:
+        if self.p50 is None and self.p95 is None and self.p99 is None:
+            raise ValueError("give at least one of p50, p95, p99")
+        return self
+
+    def bounds(self) -> dict[str, float]:
+        return {p: v for p, v in (("p50", self.p50), ("p95", self.p95), ("p99", self.p99)) if v}
+
+
+class SloSpec(ApiModel):
+    ttft_ms: PercentileBound | None = Field(default=None, description="Time to first token.")
+    itl_ms: PercentileBound | None = Field(default=None, description="Inter-token latency.")
+    e2e_latency_ms: PercentileBound | None = Field(
+        default=None, description="Request latency, send to last token."
+    )
+    min_output_tokens_per_second_per_gpu: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _one_latency_bound(self) -> SloSpec:
+        if self.ttft_ms is None and self.itl_ms is None and self.e2e_latency_ms is None:
+            raise ValueError("give at least one latency bound: ttftMs, itlMs or e2eLatencyMs")
+        return self
+
+
+# ---------------------------------------------------------------- spec.search
+
+
+def _unique(values: list[object], field: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise ValueError(f"{field}: {v!r} listed twice")
+        seen.add(v)
+
+
+class SearchSpec(ApiModel):
+    tensor_parallel: list[TensorParallel] = Field(
+        default=[1, 2, 4, 8], min_length=1, max_length=7
+    )
+    max_batch_size: list[PositiveInt] = Field(
+        default=[1, 4, 8, 16, 32, 64, 128, 256], min_length=1, max_length=64
+    )
+    quantization: list[Quantization] = Field(
+        default=["bf16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4"], min_length=1, max_length=6
+    )
+    kv_cache_dtype: list[KvCacheDtype] = Field(default=["auto", "fp8"], min_length=1, max_length=2)
+    max_accuracy_loss_percent: Annotated[float, Field(ge=0, le=100)] = 1.0
+
+
+# ---------------------------------------------------------------- spec.tuning
+
+
+class TuningSpec(ApiModel):
+    max_trials: Annotated[int, Field(ge=1, le=1000)] = 40
+    seed: Annotated[int, Field(ge=0)] | None = None
+    backend: Backend = "triton"
+    sampler: Literal["auto", "tpe", "random", "grid"] = "auto"
+    parallelism: Annotated[int, Field(ge=1, le=64)] = 1
+    timeout_minutes: Annotated[int, Field(ge=1)] | None = None
+    storage: str | None = Field(
+        default=None,
+        description="Optuna RDB storage URL (postgresql://...) shared by parallel tuner workers.",
+    )
+
+
+# ---------------------------------------------------------------- spec.serving
+
+Quantity = int | str
+
+
+class ResourceOverrides(ApiModel):
+    requests: dict[str, Quantity] | None = None
+    limits: dict[str, Quantity] | None = None
+
+
+class ServingSpec(ApiModel):
+    replicas: Annotated[int, Field(ge=0)] = 1
+    image: str | None = Field(
+        default=None, description="Serving image; defaults to the Triton TRT-LLM image."
+    )
+    resources: ResourceOverrides | None = None
+
+
+# ---------------------------------------------------------------- spec
+
+
+class InferenceDeploymentSpec(ApiModel):
+    model: ModelSpec
+    gpu: GpuSpec
+    workload: WorkloadSpec
+    slo: SloSpec
+    search: SearchSpec = SearchSpec()
+    tuning: TuningSpec = TuningSpec()
+    serving: ServingSpec = ServingSpec()
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> InferenceDeploymentSpec:
+        for field in ("tensor_parallel", "max_batch_size", "quantization", "kv_cache_dtype"):
+            _unique(list(getattr(self.search, field)), f"search.{to_camel(field)}")
+        if min(self.search.tensor_parallel) > self.gpu.max_gpus_per_replica:
+            raise ValueError(
+                f"every search.tensorParallel value exceeds gpu.maxGpusPerReplica "
+                f"({self.gpu.max_gpus_per_replica})"
+            )
+        return self
+
+
+# ---------------------------------------------------------------- status
+
+
+class Condition(ApiModel):
+    """metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class BestConfig(ApiModel):
+    tp: int
+    max_batch_size: int
+    quantization: str
+    kv_cache_dtype: str
+
+
+class BestMetrics(ApiModel):
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p95_ms: float | None = None
+    itl_p99_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p95_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    output_tokens_per_second_per_gpu: float | None = None
+    slo_met: bool | None = None
+
+
+class TrialCounts(ApiModel):
+    executed: int = 0
+    total: int = 0
+
+
+class InferenceDeploymentStatus(ApiModel):
+    model_config = ConfigDict(extra="allow")  # Kopf keeps its own bookkeeping in status too
+
+    phase: Phase | None = None
+    conditions: list[Condition] | None = None
+    observed_generation: int | None = None
+    best_config: BestConfig | None = None
+    best_metrics: BestMetrics | None = None
+    trials: TrialCounts | None = None
+    report_config_map: str | None = None
+    endpoint: str | None = None
+    message: str | None = None
+    tuning_hash: str | None = None
+
+
+class ObjectMeta(ApiModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(
+        min_length=1, max_length=48, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+    namespace: str | None = None
+
+
+class InferenceDeployment(ApiModel):
+    api_version: Literal["infertune.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["InferenceDeployment"]
+    metadata: ObjectMeta
+    spec: InferenceDeploymentSpec
+    status: InferenceDeploymentStatus | None = None
