@@ -74,7 +74,7 @@ def validate(
     typer.echo(
         f"{file}: valid {obj.kind} {obj.metadata.name!r}: {s.model.name} on {s.gpu.product}, "
         f"{s.workload.input_tokens} in / {s.workload.output_tokens} out, "
-        f"backend {s.tuning.backend}"
+        f"backend {s.tuning.effective_backend()}"
     )
 
 

@@ -200,9 +200,15 @@ class SearchSpec(ApiModel):
 
 
 class TuningSpec(ApiModel):
-    max_trials: Annotated[int, Field(ge=1, le=1000)] = 40
+    # maxTrials and backend default to 40 and triton, but stay unset in the stored object so an
+    # operator-wide default (Helm values) can apply; see `effective_*` and operator settings.
+    max_trials: Annotated[int, Field(ge=1, le=1000)] | None = Field(
+        default=None, description="Cap on executed trials (default 40). A cap, not a target."
+    )
     seed: Annotated[int, Field(ge=0)] | None = None
-    backend: Backend = "triton"
+    backend: Backend | None = Field(
+        default=None, description="triton (real GPUs, default) or simulated (no GPU needed)."
+    )
     sampler: Literal["auto", "tpe", "random", "grid"] = "auto"
     parallelism: Annotated[int, Field(ge=1, le=64)] = 1
     timeout_minutes: Annotated[int, Field(ge=1)] | None = None
@@ -210,6 +216,12 @@ class TuningSpec(ApiModel):
         default=None,
         description="Optuna RDB storage URL (postgresql://...) shared by parallel tuner workers.",
     )
+
+    def effective_max_trials(self, default: int = 40) -> int:
+        return self.max_trials if self.max_trials is not None else default
+
+    def effective_backend(self, default: str = "triton") -> str:
+        return self.backend if self.backend is not None else default
 
 
 # ---------------------------------------------------------------- spec.serving
