@@ -1,0 +1,41 @@
+"""Benchmark backends: `simulated`, `replay:PATH`, `triton` (see base.BenchmarkBackend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infertune_tuner.backends.base import BenchmarkBackend
+from infertune_tuner.errors import InputError
+from infertune_tuner.request import TuningRequest
+
+BACKEND_HELP = "simulated | replay:PATH | triton"
+
+
+def make_backend(
+    spec: str,
+    request: TuningRequest,
+    *,
+    seed: int = 0,
+    server_command: str | None = None,
+    workdir: Path | None = None,
+) -> BenchmarkBackend:
+    """Build the backend a `--backend` string names."""
+    if spec == "simulated":
+        from infertune_tuner.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(request, seed=seed)
+    if spec.startswith("replay:"):
+        from infertune_tuner.backends.replay import ReplayBackend
+
+        path = spec.removeprefix("replay:")
+        if not path:
+            raise InputError("replay backend needs a table: --backend replay:PATH.csv")
+        return ReplayBackend(Path(path))
+    if spec == "triton":
+        from infertune_tuner.backends.triton import TritonBackend
+
+        return TritonBackend(request, server_command=server_command, workdir=workdir)
+    raise InputError(f"unknown backend {spec!r}; use {BACKEND_HELP}")
+
+
+__all__ = ["BACKEND_HELP", "BenchmarkBackend", "make_backend"]

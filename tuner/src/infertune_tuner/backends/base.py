@@ -1,0 +1,27 @@
+"""The one small interface every benchmark backend implements (think an HTTP transport).
+
+A backend is built for one TuningRequest (model, GPU, workload, checkpoints) and measures one
+configuration per `run` call. It never raises for a failed trial: an OOM or a crash is a
+Measurement with status `oom`/`error` and a reason. It raises InputError only for bad set-up
+(missing replay file, unknown backend).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import Measurement
+
+
+@runtime_checkable
+class BenchmarkBackend(Protocol):
+    name: str
+
+    def run(self, config: TrialConfig) -> Measurement:
+        """Deploy `config`, drive the workload at concurrency = max batch, measure, tear down."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (servers, files)."""
+        ...

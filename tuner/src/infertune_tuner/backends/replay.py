@@ -1,0 +1,106 @@
+"""Replay backend: recorded measurements from a CSV table (offline re-tuning, reproducible
+reports, tests). Exact header (extra columns are ignored):
+
+    tp,max_batch_size,quantization,kv_cache_dtype,status,ttft_p50_ms,ttft_p95_ms,ttft_p99_ms,
+    itl_p50_ms,itl_p95_ms,itl_p99_ms,e2e_p50_ms,e2e_p95_ms,e2e_p99_ms,output_tokens_per_s_per_gpu
+
+`status` is ok, oom or error. A configuration absent from the table is a failed trial
+("not in table"). Every replayed row counts as an executed trial.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.errors import InputError
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.perfmodel.latency import Percentiles
+
+COLUMNS = (
+    "tp", "max_batch_size", "quantization", "kv_cache_dtype", "status",
+    "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms",
+    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "output_tokens_per_s_per_gpu",
+)  # fmt: skip
+METRIC_COLUMNS = COLUMNS[5:]
+
+
+def _percentiles(row: dict[str, str], metric: str, where: str) -> Percentiles:
+    vals = [float(row[f"{metric}_{p}_ms"]) for p in ("p50", "p95", "p99")]
+    if min(vals) < 0:
+        raise InputError(f"{where}: negative {metric} latency")
+    return Percentiles(*vals)
+
+
+def load_table(path: Path) -> dict[TrialConfig, Measurement]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"replay table {path}: {exc.strerror or exc}") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise InputError(f"replay table {path}: missing columns {', '.join(missing)}")
+    table: dict[TrialConfig, Measurement] = {}
+    for line, row in enumerate(reader, start=2):
+        where = f"{path}:{line}"
+        try:
+            cfg = TrialConfig(
+                int(row["tp"]), int(row["max_batch_size"]),
+                row["quantization"].strip(), row["kv_cache_dtype"].strip(),
+            )  # fmt: skip
+            status = row["status"].strip()
+            if status == "ok":
+                m = Measurement(
+                    status="ok",
+                    ttft_ms=_percentiles(row, "ttft", where),
+                    itl_ms=_percentiles(row, "itl", where),
+                    e2e_ms=_percentiles(row, "e2e", where),
+                    output_tokens_per_s_per_gpu=float(row["output_tokens_per_s_per_gpu"]),
+                )
+            elif status in ("oom", "error"):
+                m = Measurement.failed(status, f"recorded as {status} in {path.name}")  # type: ignore[arg-type]
+            else:
+                raise InputError(f"{where}: status must be ok, oom or error, not {status!r}")
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{where}: {exc}") from None
+        if cfg in table:
+            raise InputError(f"{where}: {cfg.label()} appears twice")
+        table[cfg] = m
+    return table
+
+
+class ReplayBackend:
+    name = "replay"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.table = load_table(path)
+
+    def run(self, config: TrialConfig) -> Measurement:
+        found = self.table.get(config)
+        if found is None:
+            return Measurement.failed("error", f"not in table {self.path.name}")
+        return found
+
+    def close(self) -> None:
+        return None
+
+
+def write_table(path: Path, rows: dict[TrialConfig, Measurement]) -> None:
+    """Write measurements in the replay format (used to record simulated or real runs)."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(COLUMNS)
+        for cfg, m in rows.items():
+            base = [cfg.tp, cfg.max_batch_size, cfg.quantization, cfg.kv_cache_dtype, m.status]
+            if m.status == "ok" and m.ttft_ms and m.itl_ms and m.e2e_ms:
+                vals = [
+                    round(v, 3)
+                    for p in (m.ttft_ms, m.itl_ms, m.e2e_ms)
+                    for v in (p.p50, p.p95, p.p99)
+                ]
+                w.writerow([*base, *vals, round(m.output_tokens_per_s_per_gpu or 0.0, 3)])
+            else:
+                w.writerow(base + [""] * len(METRIC_COLUMNS))

@@ -1,0 +1,116 @@
+"""The simulated GPU pool: measurements from the performance model plus seeded noise.
+
+`truth` may differ from the prior the tuner ranks with (`perturbed_truth`), so tuner tests can't
+pass merely because prior and truth are the same function. Noise is deterministic per (seed,
+config): re-measuring a config returns the same numbers, like a replayed table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+
+from infertune_tuner.catalog.gpus import Gpu
+from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.config import TrialConfig, Workload
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
+from infertune_tuner.perfmodel.latency import Percentiles, predict
+from infertune_tuner.perfmodel.memory import RESERVE_GIB
+from infertune_tuner.request import TuningRequest
+
+NOISE = 0.02  # relative standard deviation of a p50 across benchmark runs
+
+
+def perturbed_truth(
+    architecture: str, seed: int, magnitude: float = 0.25
+) -> tuple[Efficiency, float]:
+    """Efficiency factors each scaled by a random factor in [1-m, 1+m], and a memory reserve
+    shifted by up to +-0.75 GiB: a GPU pool that behaves differently from the prior."""
+    rng = random.Random(f"truth:{architecture}:{seed}")
+    base = default_efficiency(architecture)
+    fields = (
+        "weight_bw", "kv_bw", "gemm", "prefill", "link", "allreduce_latency_us",
+        "step_overhead_ms", "per_seq_overhead_us",
+    )  # fmt: skip
+    scale = {f: 1 + rng.uniform(-magnitude, magnitude) for f in fields}
+    eff = base.scaled(**scale)
+    eff = eff.__class__(**{
+        f: min(getattr(eff, f), 0.95) if f in ("weight_bw", "kv_bw", "gemm", "prefill", "link")
+        else getattr(eff, f) for f in fields
+    })  # fmt: skip
+    return eff, RESERVE_GIB + rng.uniform(-0.75, 0.75)
+
+
+def _rng(seed: int, cfg: TrialConfig) -> random.Random:
+    digest = hashlib.sha256(f"{seed}:{cfg.label()}".encode()).hexdigest()
+    return random.Random(int(digest[:16], 16))
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(
+        self,
+        request: TuningRequest,
+        *,
+        seed: int = 0,
+        truth: Efficiency | None = None,
+        reserve_gib: float | None = None,
+        noise: float = NOISE,
+    ) -> None:
+        self._model: ModelArch = request.resolve_model()
+        self._gpu: Gpu = request.resolve_gpu()
+        self._workload: Workload = request.work
+        self._seed = seed
+        self._truth = truth
+        self._reserve = reserve_gib
+        self._noise = noise
+
+    @classmethod
+    def perturbed(
+        cls, request: TuningRequest, *, seed: int, magnitude: float = 0.25
+    ) -> SimulatedBackend:
+        eff, reserve = perturbed_truth(request.resolve_gpu().architecture, seed, magnitude)
+        return cls(request, seed=seed, truth=eff, reserve_gib=reserve)
+
+    def run(self, config: TrialConfig) -> Measurement:
+        p = predict(self._model, self._gpu, config, self._workload, self._truth, self._reserve)
+        mem = p.memory
+        if mem.max_concurrent_sequences < 1:
+            return Measurement.failed(
+                "oom",
+                f"CUDA out of memory while loading: {mem.reason or 'no room for the KV cache'}",
+            )
+        rng = _rng(self._seed, config)
+        tail = 1 + 2 * p.prefill_share  # interference widens the tail
+
+        def noisy(x: Percentiles, scale: float = 1.0) -> Percentiles:
+            base = math.exp(rng.gauss(0, self._noise * scale))
+            t95 = base * math.exp(abs(rng.gauss(0, self._noise * 2 * tail * scale)))
+            t99 = t95 * math.exp(abs(rng.gauss(0, self._noise * 3 * tail * scale)))
+            return Percentiles(x.p50 * base, max(x.p95 * t95, x.p50 * base), max(x.p99 * t99, x.p95 * t95))
+
+        ttft, itl, e2e = noisy(p.ttft_ms, 2.0), noisy(p.itl_ms), noisy(p.e2e_ms)
+        tps = p.output_tokens_per_s_per_gpu * p.e2e_ms.p50 / e2e.p50
+        if mem.max_concurrent_sequences < config.max_batch_size:
+            # The KV cache caps concurrency: the rest queue, which shows up in TTFT and E2E.
+            cap = mem.max_concurrent_sequences
+            capped = predict(
+                self._model, self._gpu,
+                TrialConfig(config.tp, cap, config.quantization, config.kv_cache_dtype),
+                self._workload, self._truth, self._reserve,
+            )  # fmt: skip
+            wait = capped.e2e_ms.p50 * (config.max_batch_size / cap - 1)
+            ttft = Percentiles(ttft.p50 + wait, ttft.p95 + wait * 1.5, ttft.p99 + wait * 2)
+            e2e = Percentiles(e2e.p50 + wait, e2e.p95 + wait * 1.5, e2e.p99 + wait * 2)
+            tps = capped.output_tokens_per_s_per_gpu
+        requests = max(4 * config.max_batch_size, 64)
+        return Measurement(
+            status="ok", ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, output_tokens_per_s_per_gpu=tps,
+            requests=requests, errors=0, duration_s=requests / config.max_batch_size * e2e.p50 / 1e3,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        return None

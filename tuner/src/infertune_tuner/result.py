@@ -1,0 +1,165 @@
+"""The tuning report (`report.json`, schema `infertune.report/v1`) as pydantic models.
+
+The operator reads it from the report ConfigMap; `infertune report` renders it; tests and tools
+depend on the field names below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.perfmodel.latency import Percentiles, Prediction
+from infertune_tuner.request import TuningRequest
+
+REPORT_SCHEMA = "infertune.report/v1"
+TrialState = Literal["complete", "infeasible_predicted", "oom", "failed"]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConfigOut(_M):
+    tp: int
+    max_batch_size: int
+    quantization: str
+    kv_cache_dtype: str
+
+    @classmethod
+    def of(cls, cfg: TrialConfig) -> ConfigOut:
+        return cls(**cfg.as_dict())  # type: ignore[arg-type]
+
+    def to_config(self) -> TrialConfig:
+        return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
+
+    def label(self) -> str:
+        return self.to_config().label()
+
+
+class PercentilesOut(_M):
+    p50: float
+    p95: float
+    p99: float
+
+    @classmethod
+    def of(cls, p: Percentiles) -> PercentilesOut:
+        return cls(p50=round(p.p50, 3), p95=round(p.p95, 3), p99=round(p.p99, 3))
+
+    def get(self, name: str) -> float:
+        return float(getattr(self, name))
+
+
+class Metrics(_M):
+    ttft_ms: PercentilesOut
+    itl_ms: PercentilesOut
+    e2e_ms: PercentilesOut
+    output_tokens_per_s_per_gpu: float
+
+    def latency(self, metric: str, percentile: str) -> float:
+        value: PercentilesOut = getattr(self, metric)
+        return value.get(percentile)
+
+
+class Predicted(_M):
+    fits: bool
+    weights_gib_per_gpu: float
+    kv_cache_gib_per_gpu: float
+    max_concurrent_sequences: int
+    ttft_ms: PercentilesOut
+    itl_ms: PercentilesOut
+    e2e_ms: PercentilesOut
+    output_tokens_per_s_per_gpu: float
+
+    @classmethod
+    def of(cls, p: Prediction) -> Predicted:
+        return cls(
+            fits=p.fits,
+            weights_gib_per_gpu=round(p.memory.weights_gib_per_gpu, 3),
+            kv_cache_gib_per_gpu=round(p.memory.kv_cache_gib_per_gpu, 3),
+            max_concurrent_sequences=p.memory.max_concurrent_sequences,
+            ttft_ms=PercentilesOut.of(p.ttft_ms),
+            itl_ms=PercentilesOut.of(p.itl_ms),
+            e2e_ms=PercentilesOut.of(p.e2e_ms),
+            output_tokens_per_s_per_gpu=round(p.output_tokens_per_s_per_gpu, 3),
+        )
+
+    def latency(self, metric: str, percentile: str) -> float:
+        value: PercentilesOut = getattr(self, metric)
+        return value.get(percentile)
+
+
+class SloCheck(_M):
+    """One SLO bound checked against a trial's measurement."""
+
+    bound: str  # "E2E p95 <= 25600 ms"
+    metric: str
+    percentile: str
+    limit_ms: float
+    value_ms: float
+    ok: bool
+
+
+class Trial(_M):
+    number: int
+    config: ConfigOut
+    state: TrialState
+    executed: bool
+    slo_ok: bool | None = None
+    metrics: Metrics | None = None
+    predicted: Predicted | None = None
+    reason: str | None = None
+    slo_checks: list[SloCheck] = Field(default_factory=list)
+    duration_s: float | None = None
+
+
+class Best(_M):
+    config: ConfigOut
+    metrics: Metrics
+    trial: int
+
+
+class Excluded(_M):
+    """A value of the search space left out before any prediction (GPU lacks it, accuracy...)."""
+
+    field: str
+    value: str
+    reason: str
+
+
+class NearMiss(_M):
+    trial: int
+    config: ConfigOut
+    output_tokens_per_s_per_gpu: float
+    violations: list[str]
+
+
+class Report(_M):
+    schema_: Literal["infertune.report/v1"] = Field(default=REPORT_SCHEMA, alias="schema")
+    request: dict[str, Any]
+    backend: str
+    sampler: str
+    space_size: int
+    excluded: list[Excluded] = Field(default_factory=list)
+    trials: list[Trial]
+    best: Best | None
+    executed_trials: int
+    nearest_misses: list[NearMiss] = Field(default_factory=list)
+    stopped_reason: str
+    duration_s: float
+    generated_at: str
+    infertune_version: str
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+    @property
+    def feasible(self) -> bool:
+        return self.best is not None
+
+    def parsed_request(self) -> TuningRequest:
+        return TuningRequest.model_validate(self.request)

@@ -1,0 +1,57 @@
+"""Checking measurements (or predictions) against the SLO."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from infertune_tuner.request import METRIC_LABELS, TuningRequest
+from infertune_tuner.result import SloCheck
+
+# value(metric, percentile) -> milliseconds
+LatencyLookup = Callable[[str, str], float]
+
+
+def check(request: TuningRequest, latency: LatencyLookup, tps_per_gpu: float) -> list[SloCheck]:
+    out = [
+        SloCheck(
+            bound=b.label(), metric=b.metric, percentile=b.percentile, limit_ms=b.max_ms,
+            value_ms=round(latency(b.metric, b.percentile), 3),
+            ok=latency(b.metric, b.percentile) <= b.max_ms,
+        )  # fmt: skip
+        for b in request.slo
+    ]
+    if request.min_output_tokens_per_s_per_gpu is not None:
+        floor = request.min_output_tokens_per_s_per_gpu
+        out.append(SloCheck(
+            bound=f"tok/s/GPU >= {floor:g}", metric="output_tokens_per_s_per_gpu",
+            percentile="mean", limit_ms=floor, value_ms=round(tps_per_gpu, 3),
+            ok=tps_per_gpu >= floor,
+        ))  # fmt: skip
+    return out
+
+
+def constraint_values(checks: list[SloCheck]) -> list[float]:
+    """Optuna constraint values: <= 0 means satisfied (relative violation of each bound)."""
+    vals = []
+    for c in checks:
+        if c.metric == "output_tokens_per_s_per_gpu":
+            vals.append(c.limit_ms / max(c.value_ms, 1e-9) - 1.0)
+        else:
+            vals.append(c.value_ms / c.limit_ms - 1.0)
+    return vals
+
+
+def describe_violations(checks: list[SloCheck]) -> list[str]:
+    out = []
+    for c in checks:
+        if c.ok:
+            continue
+        if c.metric == "output_tokens_per_s_per_gpu":
+            out.append(f"tok/s/GPU {c.value_ms:.0f} < {c.limit_ms:g}")
+        else:
+            label = METRIC_LABELS.get(c.metric, c.metric)
+            over = c.value_ms / c.limit_ms - 1
+            out.append(
+                f"{label} {c.percentile} {c.value_ms:.0f} ms > {c.limit_ms:g} ms (+{over:.0%})"
+            )
+    return out
