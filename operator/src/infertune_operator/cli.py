@@ -78,6 +78,11 @@ def validate(
     )
 
 
+from infertune_operator.cli_tuner import register as _register_tuner  # noqa: E402
+
+_register_tuner(app)
+
+
 def main() -> None:
     app()
 

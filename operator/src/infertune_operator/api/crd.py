@@ -120,6 +120,11 @@ def _resolve(node: Any, defs: dict[str, JsonSchema]) -> Any:
             out[key] = {k: _resolve(v, defs) for k, v in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _resolve(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020 writes the bound in exclusiveMinimum; OpenAPI v3 (Kubernetes)
+            # wants minimum plus a boolean.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         elif key == "propertyNames":
             # Kubernetes has no propertyNames; map keys are checked by CEL (see below).
             out["x-kubernetes-validations"] = [

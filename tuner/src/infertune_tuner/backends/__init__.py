@@ -8,7 +8,7 @@ from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import TuningRequest
 
-BACKEND_HELP = "simulated | replay:PATH | triton"
+BACKEND_HELP = "simulated | simulated:perturbed | replay:PATH | triton"
 
 
 def make_backend(
@@ -24,6 +24,11 @@ def make_backend(
         from infertune_tuner.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(request, seed=seed)
+    if spec == "simulated:perturbed":
+        # A pool whose efficiency differs from the prior's: shows the model being corrected.
+        from infertune_tuner.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend.perturbed(request, seed=seed)
     if spec.startswith("replay:"):
         from infertune_tuner.backends.replay import ReplayBackend
 

@@ -24,12 +24,18 @@ NOISE = 0.02  # relative standard deviation of a p50 across benchmark runs
 
 
 def perturbed_truth(
-    architecture: str, seed: int, magnitude: float = 0.25
+    architecture: str, seed: int, magnitude: float = 0.35
 ) -> tuple[Efficiency, float]:
-    """Efficiency factors each scaled by a random factor in [1-m, 1+m], and a memory reserve
-    shifted by up to +-0.75 GiB: a GPU pool that behaves differently from the prior."""
+    """A GPU pool that behaves differently from the prior: a different serving stack (all
+    bandwidth/compute efficiencies x one factor in [0.7, 1.5], overheads / that factor), then
+    every factor jittered by up to +-m, and the memory reserve shifted by up to +-0.75 GiB."""
     rng = random.Random(f"truth:{architecture}:{seed}")
     base = default_efficiency(architecture)
+    stack = math.exp(rng.uniform(math.log(0.7), math.log(1.5)))
+    base = base.scaled(
+        weight_bw=stack, kv_bw=stack, gemm=stack, prefill=stack, link=stack,
+        allreduce_latency_us=1 / stack, step_overhead_ms=1 / stack, per_seq_overhead_us=1 / stack,
+    )  # fmt: skip
     fields = (
         "weight_bw", "kv_bw", "gemm", "prefill", "link", "allreduce_latency_us",
         "step_overhead_ms", "per_seq_overhead_us",
@@ -70,7 +76,7 @@ class SimulatedBackend:
 
     @classmethod
     def perturbed(
-        cls, request: TuningRequest, *, seed: int, magnitude: float = 0.25
+        cls, request: TuningRequest, *, seed: int, magnitude: float = 0.35
     ) -> SimulatedBackend:
         eff, reserve = perturbed_truth(request.resolve_gpu().architecture, seed, magnitude)
         return cls(request, seed=seed, truth=eff, reserve_gib=reserve)

@@ -1,0 +1,251 @@
+"""`infertune tune | predict | gpus | models`: the tuner and the performance model, no cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infertune_operator.cli import EXIT_INVALID, fail, user_errors
+from infertune_tuner.errors import InputError
+
+EXIT_NO_FEASIBLE = 3
+
+
+def _resolve_model(name: str):  # type: ignore[no-untyped-def]
+    from infertune_tuner.catalog.models import get_model, model_from_config_file
+
+    path = Path(name)
+    if name.endswith(".json") or path.is_dir():
+        return model_from_config_file(path / "config.json" if path.is_dir() else path)
+    return get_model(name)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    @user_errors
+    def tune(
+        spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest (YAML or JSON).")],
+        backend: Annotated[
+            str, typer.Option(help="simulated | replay:PATH | triton. Default: simulated.")
+        ] = "simulated",
+        out: Annotated[
+            Path | None, typer.Option(help="Output directory (default infertune-out/NAME).")
+        ] = None,
+        seed: Annotated[int | None, typer.Option(help="Override spec.tuning.seed.")] = None,
+        max_trials: Annotated[int | None, typer.Option(help="Override spec.tuning.maxTrials.")] = None,
+        sampler: Annotated[
+            str | None, typer.Option(help="auto | tpe | random | grid (default: the spec's).")
+        ] = None,
+        server_command: Annotated[
+            str | None,
+            typer.Option(help="triton backend: command template that starts the server instead of tritonserver."),
+        ] = None,
+        progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    ) -> None:
+        """Tune a deployment locally and write report.json/md/html (exit 3 if nothing meets the SLO).
+
+        Locally the default backend is the simulated GPU pool; `--backend triton` runs real
+        trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
+        recorded measurements. Re-running with the same output directory resumes the study.
+        """
+        from infertune_operator.api.manifest import load_deployment
+        from infertune_operator.api.to_request import to_request
+        from infertune_tuner.run import tune as run_tune
+        from infertune_tuner.run import write_report
+
+        obj = load_deployment(spec)
+        request = to_request(obj, default_backend=backend.split(":")[0])
+        overrides: dict[str, object] = {"backend": backend}
+        if seed is not None:
+            overrides["seed"] = seed
+        if max_trials is not None:
+            if max_trials < 1:
+                raise InputError("--max-trials must be at least 1")
+            overrides["max_trials"] = max_trials
+        if sampler is not None:
+            if sampler not in ("auto", "tpe", "random", "grid"):
+                raise InputError(f"--sampler must be auto, tpe, random or grid, not {sampler!r}")
+            overrides["sampler"] = sampler
+        request = request.model_copy(
+            update={"tuning": request.tuning.model_copy(update=overrides)}
+        )
+        out_dir = out or Path("infertune-out") / request.name
+        report = run_tune(
+            request, backend=backend, out_dir=out_dir, progress=progress,
+            server_command=server_command,
+        )  # fmt: skip
+        paths = write_report(report, out_dir)
+        from infertune_tuner.report.view import build_view
+
+        typer.echo(build_view(report).verdict)
+        typer.echo(
+            f"{report.executed_trials} trials executed ({report.stopped_reason}); "
+            f"report: {', '.join(str(p) for p in paths)}"
+        )
+        if report.best is None:
+            for nm in report.nearest_misses:
+                typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")
+            raise typer.Exit(EXIT_NO_FEASIBLE)
+
+    @app.command()
+    @user_errors
+    def predict(
+        model: Annotated[str, typer.Option(help="Catalog key, Hugging Face id, or config.json path.")],
+        gpu: Annotated[str, typer.Option(help="GPU catalog key (see `infertune gpus`).")],
+        tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
+        batch: Annotated[int, typer.Option(help="Max batch size (= concurrency).")] = 1,
+        quant: Annotated[str, typer.Option(help="bf16 | fp16 | fp8 | w4a16_awq | w4a8_awq | nvfp4")] = "bf16",
+        kv_dtype: Annotated[str, typer.Option(help="auto | fp8")] = "auto",
+        isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 1024,
+        osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 256,
+        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    ) -> None:
+        """Predict memory fit, latency and throughput of one configuration (no GPU needed)."""
+        from infertune_tuner.catalog.gpus import get_gpu
+        from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
+        from infertune_tuner.config import TrialConfig, Workload
+        from infertune_tuner.perfmodel import predict as run_predict
+
+        arch, g = _resolve_model(model), get_gpu(gpu)
+        problems = []
+        if quant not in QUANTIZATIONS:
+            problems.append(f"unknown quantization {quant!r}; known: {', '.join(QUANTIZATIONS)}")
+        elif quant not in g.quantizations:
+            problems.append(
+                f"{g.key} ({g.architecture}) does not support {quant}; it supports "
+                f"{', '.join(sorted(g.quantizations))}"
+            )
+        if kv_dtype not in KV_DTYPE_BYTES:
+            problems.append(f"unknown KV cache dtype {kv_dtype!r}; use auto or fp8")
+        elif kv_dtype not in g.kv_dtypes:
+            problems.append(f"{g.key} has no FP8 KV cache")
+        if tp < 1 or not arch.valid_tp(tp):
+            problems.append(f"--tp {tp} must divide the model's {arch.heads} attention heads")
+        if batch < 1 or isl < 1 or osl < 1:
+            problems.append("--batch, --isl and --osl must be positive")
+        if problems:
+            raise InputError("cannot predict", problems)
+        cfg = TrialConfig(tp, batch, quant, kv_dtype)
+        p = run_predict(arch, g, cfg, Workload(isl, osl))
+        mem = p.memory
+        result = {
+            "model": arch.key, "gpu": g.key, **cfg.as_dict(), "isl": isl, "osl": osl,
+            "fits": mem.fits, "reason": mem.reason,
+            "weights_gib_per_gpu": round(mem.weights_gib_per_gpu, 3),
+            "activations_gib_per_gpu": round(mem.activations_gib_per_gpu, 3),
+            "reserve_gib_per_gpu": round(mem.reserve_gib_per_gpu, 3),
+            "usable_kv_gib_per_gpu": round(mem.usable_kv_gib_per_gpu, 3),
+            "kv_cache_gib_per_gpu": round(mem.kv_cache_gib_per_gpu, 3),
+            "kv_bytes_per_token_per_gpu": round(mem.kv_bytes_per_token_per_gpu, 1),
+            "max_concurrent_sequences": mem.max_concurrent_sequences,
+            "ttft_ms": round(p.ttft_ms.p50, 3), "itl_ms": round(p.itl_ms.p50, 3),
+            "e2e_ms": round(p.e2e_ms.p50, 3),
+            "ttft_ms_percentiles": p.ttft_ms.as_dict(), "itl_ms_percentiles": p.itl_ms.as_dict(),
+            "e2e_ms_percentiles": p.e2e_ms.as_dict(),
+            "output_tokens_per_s": round(p.output_tokens_per_s, 3),
+            "output_tokens_per_s_per_gpu": round(p.output_tokens_per_s_per_gpu, 3),
+        }  # fmt: skip
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"{arch.key} on {g.key}: {cfg.label()}, {isl} in / {osl} out", show_header=False)
+        t.add_column(style="bold")
+        t.add_column(justify="right")
+        rows = [
+            ("fits", "yes" if mem.fits else f"NO: {mem.reason}"),
+            ("weights / GPU", f"{mem.weights_gib_per_gpu:.2f} GiB"),
+            ("activations / GPU", f"{mem.activations_gib_per_gpu:.2f} GiB"),
+            ("runtime reserve / GPU", f"{mem.reserve_gib_per_gpu:.2f} GiB"),
+            ("usable KV cache / GPU", f"{mem.usable_kv_gib_per_gpu:.2f} GiB"),
+            ("KV needed for the batch / GPU", f"{mem.kv_cache_gib_per_gpu:.2f} GiB"),
+            ("KV per token / GPU", f"{mem.kv_bytes_per_token_per_gpu / 1024:.1f} KiB"),
+            ("max concurrent sequences", str(mem.max_concurrent_sequences)),
+            ("TTFT p50 / p95 / p99", "{:.0f} / {:.0f} / {:.0f} ms".format(*p.ttft_ms.as_dict().values())),
+            ("ITL p50 / p95 / p99", "{:.1f} / {:.1f} / {:.1f} ms".format(*p.itl_ms.as_dict().values())),
+            ("E2E p50 / p95 / p99", "{:.0f} / {:.0f} / {:.0f} ms".format(*p.e2e_ms.as_dict().values())),
+            ("output tok/s", f"{p.output_tokens_per_s:.0f}"),
+            ("output tok/s per GPU", f"{p.output_tokens_per_s_per_gpu:.0f}"),
+        ]
+        for k, v in rows:
+            t.add_row(k, v)
+        Console().print(t)
+
+    @app.command()
+    def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+        """List the GPU catalog."""
+        from infertune_tuner.catalog.gpus import GPUS
+
+        rows = [
+            {
+                "key": g.key, "architecture": g.architecture, "memory_gib": g.memory_gib,
+                "hbm_bandwidth_gbs": g.hbm_bandwidth_gbs, "bf16_tflops": g.bf16_tflops,
+                "fp8_tflops": g.fp8_tflops, "fp4_tflops": g.fp4_tflops, "int8_tops": g.int8_tops,
+                "link": g.link, "link_bandwidth_gbs": g.link_bandwidth_gbs,
+                "quantizations": sorted(g.quantizations), "kv_dtypes": sorted(g.kv_dtypes),
+                "product_labels": list(g.product_labels),
+            }  # fmt: skip
+            for g in GPUS.values()
+        ]
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="GPU catalog (dense tensor TFLOPS)")
+        for col in ("key", "arch", "GiB", "GB/s", "bf16", "fp8", "fp4", "link", "quantizations", "node label"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(
+                str(r["key"]), str(r["architecture"]), f"{r['memory_gib']:.0f}",
+                f"{r['hbm_bandwidth_gbs']:.0f}", f"{r['bf16_tflops']:.0f}",
+                f"{r['fp8_tflops']:.0f}" if r["fp8_tflops"] else "-",
+                f"{r['fp4_tflops']:.0f}" if r["fp4_tflops"] else "-",
+                f"{r['link']} {r['link_bandwidth_gbs']:.0f} GB/s",
+                ", ".join(r["quantizations"]), ", ".join(r["product_labels"]),  # type: ignore[arg-type]
+            )  # fmt: skip
+        Console().print(t)
+
+    @app.command()
+    def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+        """List the model catalog (Hugging Face ids map to these keys)."""
+        from infertune_tuner.catalog.models import MODELS
+
+        rows = [
+            {
+                "key": m.key, "params_b": round(m.params / 1e9, 2),
+                "active_params_b": round(m.active_params / 1e9, 2), "layers": m.layers,
+                "hidden_size": m.hidden_size, "heads": m.heads, "kv_heads": m.kv_heads,
+                "ffn_size": m.ffn_size, "vocab_size": m.vocab_size, "experts": m.experts,
+                "experts_active": m.experts_active, "hf_ids": list(m.hf_ids),
+            }  # fmt: skip
+            for m in MODELS.values()
+        ]
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="Model catalog")
+        for col in ("key", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "MoE", "Hugging Face ids"):
+            t.add_column(col)
+        for r in rows:
+            moe = f"{r['experts']}x, {r['experts_active']} active" if r["experts"] != 1 else "-"
+            t.add_row(
+                str(r["key"]), f"{r['params_b']}B", str(r["layers"]), str(r["hidden_size"]),
+                f"{r['heads']}/{r['kv_heads']}", str(r["ffn_size"]), str(r["vocab_size"]), moe,
+                "\n".join(r["hf_ids"]),  # type: ignore[arg-type]
+            )  # fmt: skip
+        Console().print(t)
+
+    del tune, predict, gpus, models  # registered on the app
+
+
+__all__ = ["EXIT_INVALID", "EXIT_NO_FEASIBLE", "fail", "register"]

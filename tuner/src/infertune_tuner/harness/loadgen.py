@@ -1,0 +1,400 @@
+"""Load generator on `tritonclient.grpc.aio` bi-directional streaming (decoupled responses).
+
+Modes:
+
+- closed loop (default): `concurrency` workers, each with exactly one request in flight, sending
+  the next one the moment the previous one finishes (the tuner drives it at concurrency = max
+  batch size);
+- request rate: Poisson arrivals at `request_rate` requests/s (exponential gaps, seeded); then
+  `concurrency`, when given, caps the requests in flight.
+
+Warm-up requests run first, as a separate phase at the same concurrency, and are left out of
+every statistic. Each request opens its own stream, sends one request, and keeps the stream open
+until the response flagged `triton_final_response` (or, failing that, the requested number of
+tokens) arrives; every response that carries output counts as one token.
+
+Inputs are negotiated from the model's metadata, because Triton rejects inputs a model does not
+declare: synthetic prompts go out as a `text_input` string of `input_tokens` words (one token
+each, near enough) and, where declared, as `input_ids` INT32 token ids; the output length is
+pinned through whichever of `sampling_param_max_tokens` (LLM-API model), `max_tokens` (ensemble)
+or `request_output_len` (engine model) exists; `streaming`/`stream` is set to true and
+`sampling_param_exclude_input_from_output` too. A model whose metadata cannot be read (unknown
+name) gets `text_input` + `max_tokens`, and its requests fail and are counted as errors.
+
+Errors are counted and sampled, never dropped; a request that errors is not completed. An
+unreachable server raises `ServerUnreachable` before any request is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import InferInput
+from tritonclient.grpc.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+from infertune_tuner.errors import InputError
+from infertune_tuner.harness.metrics import BenchResult, RequestTrace, compute
+
+clock = time.monotonic  # CLOCK_MONOTONIC on Linux: the simulated server's clock too
+
+WORDS = (
+    "time year people way day man thing woman life child world school state family student "
+    "group country problem hand part place case week company system program question work "
+    "government number night point home water room mother area money story fact month lot "
+    "right study book eye job word business issue side kind head house service friend father "
+    "power hour game line end member law car city community name president team minute idea "
+    "kid body information back parent face others level office door health person art war "
+    "history party result change morning reason research girl guy moment air teacher force"
+).split()
+
+MAX_TOKEN_INPUTS = ("sampling_param_max_tokens", "max_tokens", "request_output_len")
+STREAMING_INPUTS = ("streaming", "stream")
+
+
+class ServerUnreachable(InputError):
+    """The server did not answer a liveness check."""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    url: str
+    model: str
+    concurrency: int | None = 1  # closed loop: workers; request rate: cap (None = no cap)
+    requests: int = 100
+    input_tokens: int = 128
+    output_tokens: int = 128
+    warmup: int = 0
+    request_rate: float | None = None
+    seed: int = 0
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+
+    def validate(self) -> None:
+        if self.requests < 1:
+            raise InputError("requests must be at least 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise InputError("concurrency must be at least 1")
+        if self.request_rate is None and self.concurrency is None:
+            raise InputError("closed-loop mode needs a concurrency")
+        if self.input_tokens < 1 or self.output_tokens < 1:
+            raise InputError("input and output tokens must be at least 1")
+        if self.warmup < 0:
+            raise InputError("warmup must not be negative")
+        if self.request_rate is not None and self.request_rate <= 0:
+            raise InputError("request rate must be positive")
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "url": self.url, "model": self.model, "concurrency": self.concurrency,
+            "request_rate": self.request_rate, "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens, "warmup": self.warmup,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1 for the variable dimension
+
+
+@dataclass
+class RequestTemplate:
+    """Which inputs to send, in which shapes (from ModelMetadata/ModelConfig)."""
+
+    inputs: list[_Input]
+    batched: bool = False
+    metadata_error: str | None = None
+    _words: list[str] = field(default_factory=lambda: list(WORDS))
+    _cache: dict[tuple[int, int], _Prompts] = field(default_factory=dict)
+
+    @classmethod
+    def fallback(cls, error: str | None = None) -> RequestTemplate:
+        return cls(
+            [_Input("text_input", "BYTES", (-1,)), _Input("max_tokens", "INT32", (1,))],
+            metadata_error=error,
+        )
+
+    @classmethod
+    def from_metadata(cls, metadata: Any, max_batch_size: int) -> RequestTemplate:
+        batched = max_batch_size > 0
+        wanted: list[_Input] = []
+        declared = {t.name: t for t in metadata.inputs}
+
+        def add(name: str) -> None:
+            t = declared[name]
+            shape = tuple(int(d) for d in t.shape)
+            if batched and shape:
+                shape = shape[1:]  # metadata shows the batch dimension; we add it back as 1
+            wanted.append(_Input(name, t.datatype, shape))
+
+        for name in ("text_input", "input_ids", "input_lengths"):
+            if name in declared:
+                add(name)
+        for group in (MAX_TOKEN_INPUTS, STREAMING_INPUTS):
+            for name in group:
+                if name in declared:
+                    add(name)
+        if "sampling_param_exclude_input_from_output" in declared:
+            add("sampling_param_exclude_input_from_output")
+        if not any(i.name in ("text_input", "input_ids") for i in wanted):
+            raise InputError(
+                f"model {metadata.name!r} declares neither text_input nor input_ids; its inputs: "
+                + ", ".join(sorted(declared))
+            )
+        return cls(wanted, batched=batched)
+
+    def build(self, index: int, seed: int, input_tokens: int, output_tokens: int) -> list[Any]:
+        """The inputs of request `index`: a prompt no other request shares a prefix with (so
+        prefix caching cannot shorten its prefill), cheap enough to build on the hot path."""
+        prompt = self._prompts(seed, input_tokens).make(index)
+        out: list[Any] = []
+        for spec in self.inputs:
+            value = self._value(spec, prompt, input_tokens, output_tokens)
+            shape = list(value.shape)
+            if self.batched:
+                value = value.reshape([1, *shape])
+                shape = [1, *shape]
+            inp = InferInput(spec.name, shape, spec.datatype)
+            inp.set_data_from_numpy(value)
+            out.append(inp)
+        return out
+
+    def _prompts(self, seed: int, input_tokens: int) -> _Prompts:
+        key = (seed, input_tokens)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = _Prompts(seed, input_tokens, self._words)
+        return cached
+
+    def _value(self, spec: _Input, prompt: tuple[bytes, Any], isl: int, osl: int) -> Any:
+        name = spec.name
+        if name == "text_input":
+            return np.array([prompt[0]], dtype=np.object_)
+        if name == "input_ids":
+            return prompt[1]
+        if name == "input_lengths":
+            return np.array([isl], dtype=np.int32)
+        if name in MAX_TOKEN_INPUTS:
+            return np.array([osl], dtype=np.int32)
+        if name in STREAMING_INPUTS or name == "sampling_param_exclude_input_from_output":
+            return np.array([True], dtype=bool)
+        raise AssertionError(f"no value for input {name}")
+
+
+class _Prompts:
+    """Synthetic prompts of `tokens` words: a unique random prefix of up to PREFIX words per
+    request followed by a body shared by all requests (built once)."""
+
+    PREFIX = 8
+
+    def __init__(self, seed: int, tokens: int, words: list[str]) -> None:
+        rng = random.Random(f"body:{seed}:{tokens}")
+        self.seed = seed
+        self.words = words
+        self.prefix = min(self.PREFIX, tokens)
+        body = rng.choices(words, k=tokens - self.prefix)
+        self.body_text = ("" if not body else " " + " ".join(body)).encode()
+        self.body_ids = np.array([rng.randrange(100, 30000) for _ in body], dtype=np.int32)
+
+    def make(self, index: int) -> tuple[bytes, Any]:
+        rng = random.Random(f"{self.seed}:{index}")
+        head = rng.choices(self.words, k=self.prefix)
+        text = " ".join(head).encode() + self.body_text
+        ids = np.concatenate(
+            [np.array([rng.randrange(100, 30000) for _ in head], dtype=np.int32), self.body_ids]
+        )
+        return text, ids
+
+
+# ------------------------------------------------------------------------------ one request
+
+
+def _server_times(params: Any) -> tuple[float, float, float] | None:
+    if "infertune_received_ns" not in params:
+        return None
+    return (
+        params["infertune_received_ns"].int64_param / 1e9,
+        params["infertune_first_token_ns"].int64_param / 1e9,
+        params["infertune_last_token_ns"].int64_param / 1e9,
+    )
+
+
+async def one_request(
+    client: InferenceServerClient,
+    spec: LoadSpec,
+    template: RequestTemplate,
+    index: int,
+) -> RequestTrace:
+    inputs = template.build(index, spec.seed, spec.input_tokens, spec.output_tokens)
+    done = asyncio.Event()
+    request = {"model_name": spec.model, "inputs": inputs, "request_id": str(index)}
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        yield request
+        await done.wait()  # keep the stream open until the last response is in
+
+    times: list[float] = []
+    server: tuple[float, float, float] | None = None
+    error: str | None = None
+    send = clock()
+    call = client.stream_infer(requests())
+    try:
+        async with asyncio.timeout(spec.request_timeout_s):
+            async for result, err in call:
+                now = clock()
+                if err is not None:
+                    error = _message(err)
+                    break
+                response = result.get_response()
+                if response.outputs:
+                    times.append(now)
+                params = response.parameters
+                final = "triton_final_response" in params and params[
+                    "triton_final_response"
+                ].bool_param
+                if final:
+                    server = _server_times(params)
+                    break
+                if len(times) >= spec.output_tokens:
+                    done.set()  # let the stream finish on the server's side
+    except TimeoutError:
+        error = f"timeout after {spec.request_timeout_s:g} s ({len(times)} tokens received)"
+    except InferenceServerException as exc:
+        error = _message(exc)
+    except Exception as exc:  # grpc.aio.AioRpcError and friends: count, never crash the run
+        error = _message(exc)
+    finally:
+        done.set()
+        with contextlib.suppress(Exception):
+            call.cancel()
+    if error is not None:
+        return RequestTrace(send_s=send, responses=tuple(times), error=error, end_s=clock())
+    return RequestTrace(send_s=send, responses=tuple(times), server=server)
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, InferenceServerException):
+        text = exc.message() or str(exc)
+    else:
+        details = getattr(exc, "details", None)
+        text = details() if callable(details) else str(exc)
+        code = getattr(exc, "code", None)
+        if callable(code):
+            with contextlib.suppress(Exception):
+                text = f"{code().name}: {text}"
+    return " ".join(str(text).split())[:300] or type(exc).__name__
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+async def _closed_loop(
+    client: InferenceServerClient,
+    spec: LoadSpec,
+    template: RequestTemplate,
+    first: int,
+    count: int,
+    workers: int,
+) -> list[RequestTrace]:
+    traces: list[RequestTrace] = []
+    next_index = first
+    end = first + count
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < end:
+            i = next_index
+            next_index += 1
+            traces.append(await one_request(client, spec, template, i))
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(workers, count)))))
+    return traces
+
+
+async def _request_rate(
+    client: InferenceServerClient,
+    spec: LoadSpec,
+    template: RequestTemplate,
+    first: int,
+    count: int,
+) -> list[RequestTrace]:
+    assert spec.request_rate is not None
+    rng = random.Random(f"arrivals:{spec.seed}:{first}")
+    cap = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    tasks: list[asyncio.Task[RequestTrace]] = []
+
+    async def send(i: int) -> RequestTrace:
+        if cap is None:
+            return await one_request(client, spec, template, i)
+        async with cap:
+            return await one_request(client, spec, template, i)
+
+    for i in range(first, first + count):
+        delay = t - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(i)))
+        t += rng.expovariate(spec.request_rate)
+    return list(await asyncio.gather(*tasks))
+
+
+async def negotiate(client: InferenceServerClient, model: str) -> RequestTemplate:
+    try:
+        metadata = await client.get_model_metadata(model)
+        config = await client.get_model_config(model)
+    except InferenceServerException as exc:
+        return RequestTemplate.fallback(_message(exc))
+    return RequestTemplate.from_metadata(metadata, int(config.config.max_batch_size))
+
+
+async def check_live(client: InferenceServerClient, spec: LoadSpec) -> None:
+    try:
+        live = await client.is_server_live(client_timeout=spec.connect_timeout_s)
+    except Exception as exc:
+        raise ServerUnreachable(f"cannot reach Triton at {spec.url}: {_message(exc)}") from None
+    if not live:
+        raise ServerUnreachable(f"Triton at {spec.url} reports it is not live")
+
+
+async def run_load(spec: LoadSpec) -> BenchResult:
+    """Warm up, then drive the measured requests; statistics over the measured ones only."""
+    spec.validate()
+    cpu0 = time.process_time()
+    async with InferenceServerClient(spec.url) as client:
+        await check_live(client, spec)
+        template = await negotiate(client, spec.model)
+        if spec.warmup:
+            await _phase(client, spec, template, 0, spec.warmup)
+        traces = await _phase(client, spec, template, spec.warmup, spec.requests)
+    settings = spec.settings()
+    settings["client_cpu_s"] = time.process_time() - cpu0
+    if template.metadata_error:
+        settings["metadata_error"] = template.metadata_error
+    return compute(traces, settings)
+
+
+async def _phase(
+    client: InferenceServerClient,
+    spec: LoadSpec,
+    template: RequestTemplate,
+    first: int,
+    count: int,
+) -> list[RequestTrace]:
+    if spec.request_rate is not None:
+        return await _request_rate(client, spec, template, first, count)
+    return await _closed_loop(client, spec, template, first, count, spec.concurrency or 1)
+
+
+def run_load_sync(spec: LoadSpec) -> BenchResult:
+    return asyncio.run(run_load(spec))

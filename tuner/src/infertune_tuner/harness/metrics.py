@@ -1,0 +1,235 @@
+"""From per-request timestamps to benchmark statistics (pure; no I/O, no numpy).
+
+Definitions follow NVIDIA GenAI-Perf:
+
+- TTFT (time to first token) = send -> first response carrying output tokens.
+- ITL (inter-token latency) = the gap between successive output tokens of one request. We pool the
+  *true* gaps of every completed request (a response carrying k tokens contributes k gaps of
+  gap/k), so p99 shows the stalls a decode step suffers when other requests' prefills run in it.
+  GenAI-Perf's per-request average, (E2E - TTFT) / (tokens - 1), is `itl_mean_per_request_ms`.
+- E2E (request latency) = send -> last response.
+- Output throughput = output tokens of completed requests / benchmark window, where the window
+  runs from the first send of a measured request to the last response of a measured request.
+
+Percentiles interpolate linearly between closest ranks (numpy's default, which GenAI-Perf uses).
+Times are seconds on one monotonic clock; reported latencies are milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infertune_tuner.perfmodel.latency import Percentiles
+
+MAX_ERROR_SAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTrace:
+    """What the client saw of one request.
+
+    `responses` holds the arrival time of each response that carried output; `tokens` the output
+    tokens each of those responses carried (None: one each, the streaming norm). `server` holds
+    optional server-reported (received, first token, last token) times on the same clock.
+    """
+
+    send_s: float
+    responses: tuple[float, ...] = ()
+    tokens: tuple[int, ...] | None = None
+    error: str | None = None
+    end_s: float | None = None  # when an errored request gave up
+    server: tuple[float, float, float] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.responses)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.tokens) if self.tokens is not None else len(self.responses)
+
+    @property
+    def last_s(self) -> float:
+        if self.responses:
+            return self.responses[-1]
+        return self.end_s if self.end_s is not None else self.send_s
+
+    def ttft_s(self) -> float:
+        return self.responses[0] - self.send_s
+
+    def e2e_s(self) -> float:
+        return self.responses[-1] - self.send_s
+
+    def gaps_s(self) -> list[float]:
+        """True inter-token gaps (k tokens in one response: k gaps of gap/k)."""
+        out: list[float] = []
+        r = self.responses
+        counts = self.tokens
+        if counts is not None and counts[0] > 1:
+            out.extend([0.0] * (counts[0] - 1))  # tokens delivered together with the first
+        for i in range(1, len(r)):
+            k = counts[i] if counts is not None else 1
+            if k <= 0:
+                continue
+            gap = (r[i] - r[i - 1]) / k
+            out.extend([gap] * k)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Distribution of one metric, milliseconds."""
+
+    count: int
+    mean: float
+    min: float
+    max: float
+    p50: float
+    p95: float
+    p99: float
+
+    def percentiles(self) -> Percentiles:
+        return Percentiles(self.p50, self.p95, self.p99)
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "p50": self.p50, "p95": self.p95, "p99": self.p99,
+            "mean": self.mean, "min": self.min, "max": self.max, "count": self.count,
+        }  # fmt: skip
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default `linear` method)."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} outside [0, 100]")
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+
+
+def summarize(values_ms: Iterable[float]) -> Summary | None:
+    vals = sorted(values_ms)
+    if not vals:
+        return None
+    return Summary(
+        count=len(vals),
+        mean=math.fsum(vals) / len(vals),
+        min=vals[0],
+        max=vals[-1],
+        p50=percentile(vals, 50),
+        p95=percentile(vals, 95),
+        p99=percentile(vals, 99),
+    )
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """The outcome of one load-generator run over the measured (non-warm-up) requests."""
+
+    requests: int  # completed without error
+    errors: int
+    error_samples: list[str]
+    ttft_ms: Summary | None
+    itl_ms: Summary | None
+    e2e_ms: Summary | None
+    itl_mean_per_request_ms: Summary | None
+    output_tokens: int
+    output_tokens_per_s: float
+    duration_s: float
+    server_ttft_ms: Summary | None = None  # from server-reported timestamps, when present
+    server_e2e_ms: Summary | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sent(self) -> int:
+        return self.requests + self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        def d(s: Summary | None) -> dict[str, float | int] | None:
+            return s.as_dict() if s is not None else None
+
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            "errors": self.errors,
+            "error_samples": list(self.error_samples),
+            "ttft_ms": d(self.ttft_ms),
+            "itl_ms": d(self.itl_ms),
+            "e2e_ms": d(self.e2e_ms),
+            "itl_mean_per_request_ms": d(self.itl_mean_per_request_ms),
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "duration_s": self.duration_s,
+        }
+        if self.server_e2e_ms is not None:
+            out["server_ttft_ms"] = d(self.server_ttft_ms)
+            out["server_e2e_ms"] = d(self.server_e2e_ms)
+        if self.settings:
+            out["settings"] = dict(self.settings)
+        return out
+
+
+def error_samples(traces: Iterable[RequestTrace], limit: int = MAX_ERROR_SAMPLES) -> list[str]:
+    """The first `limit` distinct error messages, in order of appearance."""
+    seen: list[str] = []
+    for t in traces:
+        if t.error is not None and t.error not in seen:
+            seen.append(t.error)
+            if len(seen) >= limit:
+                break
+    return seen
+
+
+def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = None) -> BenchResult:
+    """Statistics over measured requests. A request that errored, or that ended without a single
+    output token, counts as an error and contributes no latency sample."""
+    normalized = [
+        t if t.ok or t.error is not None else _with_error(t, "stream ended without output")
+        for t in traces
+    ]
+    done = [t for t in normalized if t.ok]
+    failed = [t for t in normalized if not t.ok]
+    ttft = [t.ttft_s() * 1e3 for t in done]
+    e2e = [t.e2e_s() * 1e3 for t in done]
+    gaps = [g * 1e3 for t in done for g in t.gaps_s()]
+    per_req = [
+        (t.e2e_s() - t.ttft_s()) / (t.output_tokens - 1) * 1e3 for t in done if t.output_tokens > 1
+    ]
+    tokens = sum(t.output_tokens for t in done)
+    if normalized:
+        start = min(t.send_s for t in normalized)
+        end = max(t.last_s for t in normalized)
+        duration = max(end - start, 0.0)
+    else:
+        duration = 0.0
+    with_server = [t for t in done if t.server is not None]
+    server_ttft = [(s[1] - s[0]) * 1e3 for t in with_server if (s := t.server) is not None]
+    server_e2e = [(s[2] - s[0]) * 1e3 for t in with_server if (s := t.server) is not None]
+    return BenchResult(
+        requests=len(done),
+        errors=len(failed),
+        error_samples=error_samples(failed),
+        ttft_ms=summarize(ttft),
+        itl_ms=summarize(gaps),
+        e2e_ms=summarize(e2e),
+        itl_mean_per_request_ms=summarize(per_req),
+        output_tokens=tokens,
+        output_tokens_per_s=tokens / duration if duration > 0 else 0.0,
+        duration_s=duration,
+        server_ttft_ms=summarize(server_ttft),
+        server_e2e_ms=summarize(server_e2e),
+        settings=dict(settings or {}),
+    )
+
+
+def _with_error(t: RequestTrace, message: str) -> RequestTrace:
+    return RequestTrace(
+        send_s=t.send_s, responses=t.responses, tokens=t.tokens, error=message,
+        end_s=t.end_s, server=t.server,
+    )  # fmt: skip

@@ -1,0 +1,588 @@
+"""A simulated Triton Inference Server speaking the real KServe v2 gRPC protocol.
+
+It serves one decoupled model (default name `llm`) shaped like TensorRT-LLM's LLM-API Triton model
+(`text_input` in, `text_output` out, `streaming`, `sampling_param_max_tokens`), plus `input_ids`
+and `max_tokens` for clients that send token ids or use the ensemble's name. Token timing comes
+from the performance model through `engine.Engine` under continuous batching, in ONE asyncio
+scheduler loop; responses stream one per token, the last one flagged with the
+`triton_final_response` parameter exactly as Triton does for a decoupled model.
+
+The final response also carries `infertune_received_ns`, `infertune_first_token_ns` and
+`infertune_last_token_ns` (CLOCK_MONOTONIC) so a client on the same host can compare what it
+measured with what the server did.
+
+Minimal HTTP health endpoints (`/v2/health/live`, `/v2/health/ready`) answer on `http_port`, so
+Kubernetes probes work as they do for Triton. When the memory model says the weights do not fit,
+the server prints a CUDA-OOM-like message on stderr and exits 1 (as a real server would die).
+
+Run it with `infertune simserver ...` or `python -m infertune_tuner.harness.simserver ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from infertune_tuner.catalog.gpus import Gpu, get_gpu
+from infertune_tuner.catalog.models import ModelArch, get_model
+from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.errors import InputError
+from infertune_tuner.harness.engine import Emitted, Engine, oom_message
+from infertune_tuner.harness.engine import Sequence as EngineSeq
+
+DEFAULT_SERVED_MODEL = "llm"
+DEFAULT_MAX_TOKENS = 128
+SERVER_NAME = "triton"
+SERVER_VERSION = "2.60.0-infertune-simserver"
+RESYNC_S = 0.05  # a step that wakes this late restarts the clock instead of catching up
+
+# (name, KServe datatype, model-config type, dims, optional)
+_INPUTS: tuple[tuple[str, str, int, tuple[int, ...], bool], ...] = (
+    ("text_input", "BYTES", mc.TYPE_STRING, (-1,), False),
+    ("input_ids", "INT32", mc.TYPE_INT32, (-1,), True),
+    ("streaming", "BOOL", mc.TYPE_BOOL, (1,), True),
+    ("sampling_param_max_tokens", "INT32", mc.TYPE_INT32, (1,), True),
+    ("max_tokens", "INT32", mc.TYPE_INT32, (1,), True),
+    ("sampling_param_exclude_input_from_output", "BOOL", mc.TYPE_BOOL, (1,), True),
+)
+_OUTPUTS: tuple[tuple[str, str, int, tuple[int, ...]], ...] = (
+    ("text_output", "BYTES", mc.TYPE_STRING, (-1,)),
+)
+_INPUT_NAMES = {i[0] for i in _INPUTS}
+_MAX_TOKEN_INPUTS = ("sampling_param_max_tokens", "max_tokens")
+
+
+@dataclass(frozen=True)
+class SimServerConfig:
+    model: ModelArch
+    gpu: Gpu
+    config: TrialConfig
+    served_model: str = DEFAULT_SERVED_MODEL
+    time_scale: float = 1.0
+    host: str = "0.0.0.0"
+    port: int = 8001
+    http_port: int | None = 8000
+
+
+def build_config(
+    *,
+    model: str,
+    gpu: str,
+    tp: int,
+    max_batch: int,
+    quant: str,
+    kv_dtype: str = "auto",
+    served_model: str = DEFAULT_SERVED_MODEL,
+    time_scale: float = 1.0,
+    host: str = "0.0.0.0",
+    port: int = 8001,
+    http_port: int | None = 8000,
+    architecture: dict[str, int] | None = None,
+) -> SimServerConfig:
+    """Validate the command-line values; InputError (exit 2) for anything unknown or impossible."""
+    if architecture is not None:
+        try:
+            arch = ModelArch(key=model, **architecture)
+        except TypeError as exc:
+            raise InputError(f"--architecture: {exc}") from None
+    else:
+        arch = get_model(model)
+    g = get_gpu(gpu)
+    if quant not in QUANTIZATIONS:
+        raise InputError(f"unknown quantization {quant!r}; known: {', '.join(QUANTIZATIONS)}")
+    if quant not in g.quantizations:
+        raise InputError(f"{g.key} does not support {quant}; it supports {sorted(g.quantizations)}")
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise InputError(f"unknown KV-cache dtype {kv_dtype!r}; known: {', '.join(KV_DTYPE_BYTES)}")
+    if kv_dtype not in g.kv_dtypes:
+        raise InputError(f"{g.key} does not support a {kv_dtype} KV cache")
+    if tp < 1 or not arch.valid_tp(tp):
+        raise InputError(f"tensor parallel size {tp} must divide the {arch.heads} attention heads")
+    if max_batch < 1:
+        raise InputError("--max-batch must be at least 1")
+    if time_scale <= 0:
+        raise InputError("--time-scale must be positive")
+    if not served_model:
+        raise InputError("--served-model must not be empty")
+    return SimServerConfig(
+        model=arch, gpu=g, config=TrialConfig(tp, max_batch, quant, kv_dtype),
+        served_model=served_model, time_scale=time_scale, host=host, port=port,
+        http_port=http_port,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ request decoding
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _bytes_elements(raw: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    i = 0
+    while i + 4 <= len(raw):
+        (n,) = struct.unpack_from("<I", raw, i)
+        out.append(raw[i + 4 : i + 4 + n])
+        i += 4 + n
+    return out
+
+
+def _decode(request: pb.ModelInferRequest, served: str) -> tuple[int, int]:
+    """(input tokens, max output tokens) of one request, as Triton would validate it."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise _BadRequest("raw_input_contents must be given for every input or for none")
+    input_tokens: int | None = None
+    text_tokens: int | None = None
+    max_tokens: int | None = None
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name not in _INPUT_NAMES:
+            raise _BadRequest(f"unexpected inference input '{tensor.name}' for model '{served}'")
+        count = 1
+        for d in tensor.shape:
+            count *= int(d)
+        data = raw[i] if raw else None
+        if tensor.name == "input_ids":
+            input_tokens = count
+        elif tensor.name == "text_input":
+            if data is not None:
+                texts = _bytes_elements(data)
+            else:
+                texts = list(tensor.contents.bytes_contents)
+            text_tokens = sum(len(t.split()) for t in texts)
+        elif tensor.name in _MAX_TOKEN_INPUTS:
+            if data is not None:
+                if len(data) < 4:
+                    raise _BadRequest(f"input '{tensor.name}' holds no INT32 value")
+                (value,) = struct.unpack_from("<i", data, 0)
+            elif tensor.contents.int_contents:
+                value = int(tensor.contents.int_contents[0])
+            else:
+                raise _BadRequest(f"input '{tensor.name}' holds no value")
+            max_tokens = int(value)
+    if text_tokens is None:
+        raise _BadRequest(f"expected input 'text_input' for model '{served}'")
+    tokens = input_tokens if input_tokens is not None else max(text_tokens, 1)
+    return tokens, max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+
+
+# ------------------------------------------------------------------------------ the gRPC service
+
+_FINAL = object()
+
+
+class _Stream:
+    """Outgoing responses of one ModelStreamInfer call."""
+
+    __slots__ = ("outstanding", "queue")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.outstanding = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Handle:
+    stream: _Stream
+    token: pb.ModelStreamInferResponse
+    request_id: str
+
+
+def _text_bytes(text: bytes) -> bytes:
+    return struct.pack("<I", len(text)) + text
+
+
+class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, cfg: SimServerConfig) -> None:
+        self.cfg = cfg
+        self.engine = Engine.for_config(cfg.model, cfg.gpu, cfg.config, cfg.time_scale)
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # -------------------------------------------------------------------- health and metadata
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:  # noqa: N802
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:  # noqa: N802
+        return pb.ServerReadyResponse(ready=True)
+
+    def _known(self, name: str, version: str) -> bool:
+        return name == self.cfg.served_model and version in ("", "1")
+
+    async def ModelReady(  # noqa: N802
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self._known(request.name, request.version))
+
+    async def ServerMetadata(  # noqa: N802
+        self, request: Any, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration"]
+        )
+
+    async def _unknown(self, name: str, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(
+            grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found"
+        )
+
+    async def ModelMetadata(  # noqa: N802
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        if not self._known(request.name, request.version):
+            await self._unknown(request.name, context)
+        tm = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=self.cfg.served_model,
+            versions=["1"],
+            platform="python",
+            inputs=[tm(name=n, datatype=dt, shape=list(dims)) for n, dt, _, dims, _ in _INPUTS],
+            outputs=[tm(name=n, datatype=dt, shape=list(dims)) for n, dt, _, dims in _OUTPUTS],
+        )
+
+    async def ModelConfig(  # noqa: N802
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        if not self._known(request.name, request.version):
+            await self._unknown(request.name, context)
+        c = self.cfg.config
+        config = mc.ModelConfig(
+            name=self.cfg.served_model,
+            backend="python",
+            max_batch_size=0,  # the LLM-API model batches in the engine, not in Triton
+            input=[
+                mc.ModelInput(name=n, data_type=t, dims=list(d), optional=o)  # type: ignore[arg-type]
+                for n, _, t, d, o in _INPUTS
+            ],
+            output=[mc.ModelOutput(name=n, data_type=t, dims=list(d)) for n, _, t, d in _OUTPUTS],  # type: ignore[arg-type]
+            model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+            instance_group=[mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)],
+        )
+        params = {
+            "tensor_parallel_size": str(c.tp),
+            "max_batch_size": str(c.max_batch_size),
+            "quantization": c.quantization,
+            "kv_cache_dtype": c.kv_cache_dtype,
+            "model": self.cfg.model.key,
+            "gpu": self.cfg.gpu.key,
+        }
+        for k, v in params.items():
+            config.parameters[k].string_value = v
+        return pb.ModelConfigResponse(config=config)
+
+    async def ModelInfer(  # noqa: N802
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        if not self._known(request.model_name, request.model_version):
+            await self._unknown(request.model_name, context)
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            "ModelInfer RPC doesn't support models with decoupled transaction policy",
+        )
+        raise AssertionError("unreachable")  # abort raises
+
+    # -------------------------------------------------------------------- streaming inference
+    def _error(self, request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+        return pb.ModelStreamInferResponse(
+            error_message=message,
+            infer_response=pb.ModelInferResponse(
+                model_name=request.model_name, model_version=request.model_version, id=request.id
+            ),
+        )
+
+    def _token_response(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        resp = pb.ModelInferResponse(model_name=self.cfg.served_model, model_version="1")
+        resp.id = request.id
+        out = resp.outputs.add()
+        out.name = "text_output"
+        out.datatype = "BYTES"
+        out.shape.append(1)
+        resp.raw_output_contents.append(_text_bytes(b" tok"))
+        resp.parameters["triton_final_response"].bool_param = False
+        return pb.ModelStreamInferResponse(infer_response=resp)
+
+    def _submit(self, request: pb.ModelInferRequest, stream: _Stream) -> None:
+        received = time.monotonic()
+        if not self._known(request.model_name, request.model_version):
+            stream.queue.put_nowait(
+                self._error(request, f"Request for unknown model: '{request.model_name}' is not found")
+            )
+            return
+        try:
+            input_tokens, max_tokens = _decode(request, self.cfg.served_model)
+        except _BadRequest as exc:
+            stream.queue.put_nowait(self._error(request, str(exc)))
+            return
+        handle = _Handle(stream, self._token_response(request), request.id)
+        seq = EngineSeq(input_tokens, max_tokens, handle=handle, received_s=received)
+        err = self.engine.submit(seq)
+        if err is not None:
+            stream.queue.put_nowait(self._error(request, err))
+            return
+        stream.outstanding += 1
+        self._wake.set()
+
+    async def ModelStreamInfer(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        stream = _Stream()
+        reading = True
+
+        async def read() -> None:
+            nonlocal reading
+            try:
+                async for request in request_iterator:
+                    self._submit(request, stream)
+            finally:
+                reading = False
+                stream.queue.put_nowait(None)  # wake the writer
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                if not reading and stream.outstanding == 0 and stream.queue.empty():
+                    break
+                item = await stream.queue.get()
+                if item is None:
+                    continue
+                if isinstance(item, tuple):  # (response, final)
+                    response, final = item
+                    if final:
+                        stream.outstanding -= 1
+                    yield response
+                else:
+                    yield item
+        finally:
+            reader.cancel()
+            self._cancel_stream(stream)
+
+    def _cancel_stream(self, stream: _Stream) -> None:
+        for seq in (*self.engine.waiting, *self.engine.active):
+            if isinstance(seq.handle, _Handle) and seq.handle.stream is stream:
+                seq.cancelled = True
+
+    # -------------------------------------------------------------------- the scheduler loop
+    def _emit(self, emitted: list[Emitted], now_ns: int) -> None:
+        for em in emitted:
+            h = em.seq.handle
+            if not isinstance(h, _Handle):
+                continue
+            if em.final:
+                final = pb.ModelStreamInferResponse()
+                final.CopyFrom(h.token)
+                params = final.infer_response.parameters
+                params["triton_final_response"].bool_param = True
+                params["infertune_received_ns"].int64_param = int(em.seq.received_s * 1e9)
+                first = em.seq.first_token_s
+                params["infertune_first_token_ns"].int64_param = int((first or 0.0) * 1e9)
+                params["infertune_last_token_ns"].int64_param = now_ns
+                h.stream.queue.put_nowait((final, True))
+            else:
+                h.stream.queue.put_nowait((h.token, False))
+
+    async def run_scheduler(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_start: float | None = None
+        while True:
+            if not self.engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                next_start = None
+            now = loop.time()
+            start = now if next_start is None or now - next_start > RESYNC_S else next_start
+            duration, _ = self.engine.begin_step()
+            end = start + duration
+            delay = end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)
+            now_ns = time.monotonic_ns()
+            self._emit(self.engine.end_step(now_ns / 1e9), now_ns)
+            next_start = end
+
+    def start(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self.run_scheduler())
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None
+
+
+# ------------------------------------------------------------------------------ the servers
+
+
+class SimServer:
+    """The gRPC server (and the HTTP health endpoints) in the running event loop.
+
+    `port=0` binds a free port; `.port` holds the bound one after `start()`.
+    """
+
+    def __init__(self, cfg: SimServerConfig) -> None:
+        self.cfg = cfg
+        self.port = cfg.port
+        self.http_port = cfg.http_port
+        self.service: SimTritonService | None = None
+        self._server: grpc.aio.Server | None = None
+        self._http: Any = None
+
+    async def start(self) -> None:
+        self.service = SimTritonService(self.cfg)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        bound = server.add_insecure_port(f"{_grpc_host(self.cfg.host)}:{self.cfg.port}")
+        if bound == 0:
+            raise OSError(f"cannot bind gRPC port {self.cfg.host}:{self.cfg.port}")
+        self.port = bound
+        await server.start()
+        self._server = server
+        self.service.start()
+        if self.cfg.http_port is not None:
+            self._http, self.http_port = await _start_http(self.cfg.host, self.cfg.http_port)
+
+    async def stop(self, grace: float = 0.5) -> None:
+        if self.service is not None:
+            await self.service.stop()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _grpc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+async def _start_http(host: str, port: int) -> tuple[Any, int]:
+    from aiohttp import web
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_get("/v2/health/live", ok)
+    app.router.add_get("/v2/health/ready", ok)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=False)
+    await site.start()
+    server = getattr(site, "_server", None)
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, int(bound)
+
+
+async def serve(cfg: SimServerConfig, stop: asyncio.Event | None = None) -> None:
+    """Run until `stop` is set (or SIGTERM/SIGINT when none is given)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    server = SimServer(cfg)
+    await server.start()
+    print(
+        f"simserver: serving {cfg.served_model!r} ({cfg.model.key} on {cfg.gpu.key}, "
+        f"{cfg.config.label()}, time scale {cfg.time_scale:g}) on gRPC {cfg.host}:{server.port}"
+        + (f", HTTP {cfg.host}:{server.http_port}" if server.http_port is not None else ""),
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def run(cfg: SimServerConfig) -> int:
+    """Blocking entry point: exit code 1 (with a CUDA-OOM-like message) when nothing fits."""
+    oom = oom_message(cfg.model, cfg.gpu, cfg.config)
+    if oom is not None:
+        print(f"[TensorRT-LLM][ERROR] {oom}", file=sys.stderr, flush=True)
+        print("error: failed to load all models", file=sys.stderr, flush=True)
+        return 1
+    try:
+        asyncio.run(serve(cfg))
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="simserver", description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--model", required=True)
+    p.add_argument("--gpu", required=True)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--max-batch", type=int, required=True)
+    p.add_argument("--quant", default="bf16")
+    p.add_argument("--kv-dtype", default="auto")
+    p.add_argument("--served-model", default=DEFAULT_SERVED_MODEL)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--architecture", default=None, help="JSON transformer shape")
+    a = p.parse_args(argv)
+    try:
+        cfg = build_config(
+            model=a.model, gpu=a.gpu, tp=a.tp, max_batch=a.max_batch, quant=a.quant,
+            kv_dtype=a.kv_dtype, served_model=a.served_model, time_scale=a.time_scale,
+            host=a.host, port=a.port, http_port=a.http_port if a.http_port >= 0 else None,
+            architecture=parse_architecture(a.architecture),
+        )  # fmt: skip
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run(cfg)
+
+
+def parse_architecture(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--architecture is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InputError("--architecture must be a JSON object")
+    allowed = {"layers", "hidden_size", "heads", "kv_heads", "ffn_size", "vocab_size", "experts",
+               "experts_active", "max_context"}  # fmt: skip
+    unknown = set(value) - allowed
+    if unknown:
+        raise InputError(f"--architecture: unknown keys {sorted(unknown)}")
+    return {k: int(v) for k, v in value.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""report.html: one self-contained file (inline CSS and SVG, no network)."""
+
+from __future__ import annotations
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+
+from infertune_tuner.report.plot import pareto_svg
+from infertune_tuner.report.view import build_view, error_pct
+from infertune_tuner.result import Report
+
+_env = Environment(
+    loader=PackageLoader("infertune_tuner.report", "templates"),
+    autoescape=select_autoescape(["html", "j2"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.globals["error_pct"] = error_pct
+
+
+def render_html(report: Report) -> str:
+    view = build_view(report)
+    svg = Markup(pareto_svg(view)) if view.points else None  # noqa: S704 - our own SVG
+    return _env.get_template("report.html.j2").render(
+        report=report, view=view, request=view.request, svg=svg
+    )

@@ -1,0 +1,108 @@
+"""report.md: the tuning report as Markdown (for PRs, tickets, terminals)."""
+
+from __future__ import annotations
+
+from infertune_tuner.report.view import build_view, error_pct
+from infertune_tuner.result import Report, Trial
+
+
+def _cfg(t: Trial) -> str:
+    c = t.config
+    return f"TP{c.tp} / bs{c.max_batch_size} / {c.quantization} / KV {c.kv_cache_dtype}"
+
+
+def _row(t: Trial) -> str:
+    m, p = t.metrics, t.predicted
+    tps = f"{m.output_tokens_per_s_per_gpu:.0f}" if m else ""
+    ptps = f"{p.output_tokens_per_s_per_gpu:.0f}" if p else ""
+    err = error_pct(p.output_tokens_per_s_per_gpu if p else None, m.output_tokens_per_s_per_gpu if m else None)
+    ttft = f"{m.ttft_ms.p95:.0f}" if m else ""
+    itl = f"{m.itl_ms.p95:.1f}" if m else ""
+    e2e = f"{m.e2e_ms.p95:.0f}" if m else ""
+    slo = {True: "yes", False: "no", None: ""}[t.slo_ok]
+    reason = (t.reason or "").replace("|", "/")
+    if t.slo_checks and not t.slo_ok:
+        reason = "; ".join(c.bound for c in t.slo_checks if not c.ok) + " missed"
+    return (
+        f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} | {ttft} | {itl} "
+        f"| {e2e} | {reason} |"
+    )
+
+
+def render_markdown(report: Report) -> str:
+    v = build_view(report)
+    r = v.request
+    lines = [
+        f"# Tuning report: {r.name}",
+        "",
+        f"**{v.verdict}**",
+        "",
+        f"- Model `{r.model.name}` on `{r.gpu.product}` (at most {r.gpu.max_gpus_per_replica} GPUs "
+        f"per replica), {r.workload.input_tokens} input / {r.workload.output_tokens} output tokens",
+        "- SLO: " + ", ".join(b.label() for b in r.slo)
+        + (f", tok/s/GPU >= {r.min_output_tokens_per_s_per_gpu:g}" if r.min_output_tokens_per_s_per_gpu else ""),
+        f"- Backend `{report.backend}`, sampler `{report.sampler}`: {report.executed_trials} trials "
+        f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials})",
+        f"- Stopped: {report.stopped_reason}",
+        f"- Generated {report.generated_at} by infertune {report.infertune_version} in "
+        f"{report.duration_s:.1f} s",
+        "",
+    ]
+    if report.best:
+        m = report.best.metrics
+        lines += [
+            "## Chosen configuration",
+            "",
+            "| TP | max batch | quantization | KV cache | tok/s/GPU | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | E2E p50/p95/p99 ms |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {report.best.config.tp} | {report.best.config.max_batch_size} | "
+            f"{report.best.config.quantization} | {report.best.config.kv_cache_dtype} | "
+            f"{m.output_tokens_per_s_per_gpu:.0f} | "
+            f"{m.ttft_ms.p50:.0f} / {m.ttft_ms.p95:.0f} / {m.ttft_ms.p99:.0f} | "
+            f"{m.itl_ms.p50:.1f} / {m.itl_ms.p95:.1f} / {m.itl_ms.p99:.1f} | "
+            f"{m.e2e_ms.p50:.0f} / {m.e2e_ms.p95:.0f} / {m.e2e_ms.p99:.0f} |",
+            "",
+        ]
+    if report.nearest_misses:
+        lines += ["## Nearest misses", ""]
+        for nm in report.nearest_misses:
+            lines.append(
+                f"- {nm.config.label()} ({nm.output_tokens_per_s_per_gpu:.0f} tok/s/GPU): "
+                + "; ".join(nm.violations)
+            )
+        lines += [
+            "",
+            "Relax the bound that is missed by the least, allow more GPUs per replica, a "
+            "lower-precision quantization (raise maxAccuracyLossPercent), or a faster GPU.",
+            "",
+        ]
+    executed = [t for t in report.trials if t.executed]
+    skipped = [t for t in report.trials if not t.executed]
+    lines += [
+        "## Executed trials",
+        "",
+        f"Latencies are p95 of the measured run; 'pred' is the performance model's prior. "
+        f"Binding bound: {v.binding.label()}.",
+        "",
+        "| # | config | state | SLO | tok/s/GPU | pred | pred err | TTFT p95 | ITL p95 | E2E p95 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *[_row(t) for t in executed],
+        "",
+    ]
+    if skipped:
+        lines += [
+            f"## Ruled out without GPU time ({len(skipped)})",
+            "",
+            "| config | reason |",
+            "|---|---|",
+            *[f"| {_cfg(t)} | {(t.reason or '').replace('|', '/')} |" for t in skipped],
+            "",
+        ]
+    if report.excluded:
+        lines += [
+            "## Excluded from the space",
+            "",
+            *[f"- `{e.field}={e.value}`: {e.reason}" for e in report.excluded],
+            "",
+        ]
+    return "\n".join(lines)

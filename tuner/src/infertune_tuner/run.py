@@ -1,0 +1,278 @@
+"""Tune: request -> search space -> memory pruning -> Optuna search -> report.
+
+`tune()` is what both `infertune tune` (locally) and the operator's tuner Job call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import optuna
+
+from infertune_tuner import __version__, slo
+from infertune_tuner.backends import make_backend
+from infertune_tuner.backends.base import BenchmarkBackend
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.perfmodel.latency import Prediction, predict
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.result import (
+    Best,
+    ConfigOut,
+    Excluded,
+    Metrics,
+    NearMiss,
+    PercentilesOut,
+    Predicted,
+    Report,
+    SloCheck,
+    Trial,
+)
+from infertune_tuner.search import Search, executed_trials, make_sampler, open_storage, study_name
+from infertune_tuner.space import SearchSpace, build_space
+from infertune_tuner.strategy import Known, implied_infeasible
+
+ProgressHook = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
+
+
+def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialConfig, Prediction]:
+    model, gpu, work = request.resolve_model(), request.resolve_gpu(), request.work
+    return {c: predict(model, gpu, c, work) for c in space.configs}
+
+
+def _metrics(m: Measurement) -> Metrics | None:
+    if m.status != "ok" or not (m.ttft_ms and m.itl_ms and m.e2e_ms):
+        return None
+    return Metrics(
+        ttft_ms=PercentilesOut.of(m.ttft_ms),
+        itl_ms=PercentilesOut.of(m.itl_ms),
+        e2e_ms=PercentilesOut.of(m.e2e_ms),
+        output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
+    )
+
+
+def _state(m: Measurement) -> str:
+    return {"ok": "complete", "oom": "oom"}.get(m.status, "failed")
+
+
+def build_report(
+    request: TuningRequest,
+    space: SearchSpace,
+    priors: dict[TrialConfig, Prediction],
+    study: optuna.Study,
+    *,
+    backend: str,
+    stopped_reason: str,
+    duration_s: float,
+) -> Report:
+    trials: list[Trial] = []
+    known = Known()
+    for e in executed_trials(study):
+        if e.config in known.measured:
+            continue  # a config measured twice (parallel race) is reported once
+        known.measured[e.config] = e.measurement
+        known.checks[e.config] = e.checks
+        p = priors.get(e.config)
+        trials.append(
+            Trial(
+                number=e.number,
+                config=ConfigOut.of(e.config),
+                state=_state(e.measurement),  # type: ignore[arg-type]
+                executed=True,
+                slo_ok=all(c.ok for c in e.checks) if e.checks else None,
+                metrics=_metrics(e.measurement),
+                predicted=Predicted.of(p) if p else None,
+                reason=e.measurement.reason,
+                slo_checks=e.checks,
+                duration_s=round(e.measurement.duration_s, 3) or None,
+            )
+        )
+    number = max((t.number for t in trials), default=-1) + 1
+    for cfg in space.configs:
+        if cfg in known.measured:
+            continue
+        p = priors[cfg]
+        reason = p.memory.reason if not p.fits else implied_infeasible(cfg, known)
+        if reason is None:
+            continue  # untried: never ruled out, the search simply did not need it
+        trials.append(
+            Trial(
+                number=number,
+                config=ConfigOut.of(cfg),
+                state="infeasible_predicted",
+                executed=False,
+                predicted=Predicted.of(p),
+                reason=reason,
+            )
+        )
+        number += 1
+
+    feasible = [t for t in trials if t.executed and t.slo_ok and t.metrics]
+    best = None
+    if feasible:
+        top = max(
+            feasible,
+            key=lambda t: (
+                t.metrics.output_tokens_per_s_per_gpu if t.metrics else 0.0,
+                -t.config.tp,
+                -t.number,
+            ),
+        )
+        assert top.metrics is not None
+        best = Best(config=top.config, metrics=top.metrics, trial=top.number)
+    misses: list[NearMiss] = []
+    if best is None:
+        measured = [t for t in trials if t.executed and t.metrics and t.slo_checks]
+
+        def worst(t: Trial) -> float:
+            return max(slo.constraint_values(t.slo_checks))
+
+        for t in sorted(measured, key=worst)[:3]:
+            assert t.metrics is not None
+            misses.append(
+                NearMiss(
+                    trial=t.number,
+                    config=t.config,
+                    output_tokens_per_s_per_gpu=t.metrics.output_tokens_per_s_per_gpu,
+                    violations=slo.describe_violations(t.slo_checks),
+                )
+            )
+    return Report(
+        request=request.dump(),
+        backend=backend,
+        sampler=request.tuning.sampler,
+        space_size=len(space),
+        excluded=[Excluded(field=e.field, value=e.value, reason=e.reason) for e in space.excluded],
+        trials=trials,
+        best=best,
+        executed_trials=sum(1 for t in trials if t.executed),
+        nearest_misses=misses,
+        stopped_reason=stopped_reason,
+        duration_s=round(duration_s, 3),
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        infertune_version=__version__,
+    )
+
+
+def tune(
+    request: TuningRequest,
+    *,
+    backend: str | BenchmarkBackend = "simulated",
+    out_dir: Path,
+    progress: bool = False,
+    server_command: str | None = None,
+    backend_factory: Callable[[int], BenchmarkBackend] | None = None,
+    on_trial: ProgressHook | None = None,
+) -> Report:
+    """Run (or resume) the study for `request` and return the report (not yet written)."""
+    started = time.monotonic()
+    model, gpu = request.resolve_model(), request.resolve_gpu()
+    space = build_space(request, model, gpu)
+    priors = prior_predictions(request, space)
+    seed = request.tuning.seed if request.tuning.seed is not None else 0
+    backend_name = backend if isinstance(backend, str) else backend.name
+
+    if isinstance(backend, str):
+        spec = backend
+
+        def factory(i: int) -> BenchmarkBackend:
+            return make_backend(
+                spec, request, seed=seed, server_command=server_command,
+                workdir=out_dir / f"worker-{i}",
+            )  # fmt: skip
+
+        backend_factory = backend_factory or factory
+    elif backend_factory is None:
+        fixed = backend
+
+        def single(i: int) -> BenchmarkBackend:
+            return fixed
+
+        backend_factory = single
+    workers = request.tuning.parallelism if backend_factory is not None else 1
+    backends = [backend_factory(i) for i in range(workers)]
+
+    study = optuna.create_study(
+        study_name=study_name(request, backend_name),
+        storage=open_storage(request, out_dir),
+        sampler=make_sampler(request.tuning.sampler, space, seed),
+        direction="maximize",
+        load_if_exists=True,
+    )
+    deadline = (
+        started + request.tuning.timeout_minutes * 60 if request.tuning.timeout_minutes else None
+    )
+    search = Search(
+        request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline
+    )
+    if workers == 1 and not request.tuning.storage:
+        search.recover_interrupted()
+
+    bar = _progress_bar(request.tuning.max_trials, executed=len(executed_trials(study))) if progress else None
+    if bar is not None:
+        user_hook = on_trial
+
+        def hook(cfg: TrialConfig, m: Measurement, checks: list[SloCheck], known: Known) -> None:
+            bar.advance(cfg, m, checks, known)
+            if user_hook:
+                user_hook(cfg, m, checks, known)
+
+        search.on_trial = hook
+    try:
+        outcome = search.run(backends)
+    finally:
+        if bar is not None:
+            bar.close()
+        for b in {id(b): b for b in backends}.values():
+            b.close()
+    return build_report(
+        request, space, priors, outcome.study, backend=backend_name,
+        stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
+    )  # fmt: skip
+
+
+class _progress_bar:  # noqa: N801 - used like a function
+    """A rich progress bar on stderr: executed trials out of the budget, best so far."""
+
+    def __init__(self, total: int, executed: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]tuning"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("", total=total, completed=executed)
+
+    def advance(
+        self, cfg: TrialConfig, m: Measurement, checks: list[SloCheck], known: Known
+    ) -> None:
+        best = known.best_tps()
+        verdict = m.status if m.status != "ok" else ("SLO ok" if all(c.ok for c in checks) else "SLO miss")
+        desc = f"{cfg.label()}: {verdict}"
+        if best:
+            desc += f" | best {best:.0f} tok/s/GPU"
+        self._progress.update(self._task, advance=1, description=desc)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    """Write report.json, report.md and report.html into out_dir."""
+    from infertune_tuner.report import render_html, render_markdown
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.html"]
+    paths[0].write_text(report.to_json() + "\n", encoding="utf-8")
+    paths[1].write_text(render_markdown(report), encoding="utf-8")
+    paths[2].write_text(render_html(report), encoding="utf-8")
+    return paths
