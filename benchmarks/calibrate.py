@@ -78,7 +78,10 @@ def main() -> None:
         if best is None or res.fun < best.fun:
             best = res
     assert best is not None
-    params = {n: round(min(max(v, lo), hi), 4) for n, v, (lo, hi) in zip(NAMES, best.x, BOUNDS, strict=True)}
+    params = {
+        n: round(float(min(max(v, lo), hi)), 4)
+        for n, v, (lo, hi) in zip(NAMES, best.x, BOUNDS, strict=True)
+    }
     effs = factors_from(params)
     print(f"loss {loss(effs):.4f}")
     for gen, e in effs.items():

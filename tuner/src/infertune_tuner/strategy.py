@@ -29,6 +29,9 @@ from infertune_tuner.result import SloCheck
 MIN_FEASIBLE_PROBABILITY = 0.08
 IMPROVEMENT_MARGIN = 1.01  # chasing gains under 1 % is not worth a GPU trial
 OPTIMISM_SIGMAS = 1.0
+# When the prior says nothing can meet the SLO we still measure the closest few before giving
+# up: the prior may be wrong, and the user needs measured nearest misses, not guesses.
+CONFIRMATION_TRIALS = 3
 
 
 @dataclass
@@ -177,4 +180,11 @@ def propose(
             f"converged: no untried configuration can plausibly beat {best:.0f} tok/s/GPU "
             "while meeting the SLO"
         )
-    return None, "no untried configuration is plausibly able to meet the SLO"
+    probes = sum(1 for m in known.measured.values() if m.status == "ok")
+    if probes < CONFIRMATION_TRIALS and ranked:
+        closest = max(ranked, key=lambda c: (c.p_feasible, c.tps))
+        return closest.config, ""
+    return None, (
+        "no untried configuration is plausibly able to meet the SLO "
+        f"(the {probes} closest measured all missed it)"
+    )

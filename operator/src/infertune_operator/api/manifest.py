@@ -7,7 +7,6 @@ schema, then the catalog checks (known model, known GPU) that need the performan
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +73,22 @@ def find_deployment_document(path: Path) -> dict[str, Any]:
     return ours[0]
 
 
-# Extra checks that need catalogs (registered by the tuner-facing layer to keep this module pure).
-SemanticCheck = Callable[[InferenceDeployment], list[Problem]]
-SEMANTIC_CHECKS: list[SemanticCheck] = []
+def catalog_problems(obj: InferenceDeployment) -> list[Problem]:
+    """Checks that need the tuner's catalogs: a known GPU, a known (or described) model."""
+    from infertune_tuner.catalog.gpus import get_gpu
+    from infertune_tuner.catalog.models import get_model
+
+    problems = []
+    try:
+        get_gpu(obj.spec.gpu.product)
+    except InputError as exc:
+        problems.append(Problem("spec.gpu.product", str(exc)))
+    if obj.spec.model.architecture is None:
+        try:
+            get_model(obj.spec.model.name)
+        except InputError as exc:
+            problems.append(Problem("spec.model.name", str(exc)))
+    return problems
 
 
 def validate_document(doc: dict[str, Any]) -> tuple[InferenceDeployment | None, list[Problem]]:
@@ -95,8 +107,7 @@ def validate_document(doc: dict[str, Any]) -> tuple[InferenceDeployment | None, 
                 msg = f"must be {API_VERSION}"
             problems.append(Problem(_loc(err["loc"]), msg))
         return None, problems
-    for check in SEMANTIC_CHECKS:
-        problems.extend(check(obj))
+    problems.extend(catalog_problems(obj))
     return (obj if not problems else None), problems
 
 

@@ -9,9 +9,10 @@ Modes:
   `concurrency`, when given, caps the requests in flight.
 
 Warm-up requests run first, as a separate phase at the same concurrency, and are left out of
-every statistic. Each request opens its own stream, sends one request, and keeps the stream open
-until the response flagged `triton_final_response` (or, failing that, the requested number of
-tokens) arrives; every response that carries output counts as one token.
+every statistic. A closed-loop worker keeps one stream open and sends its requests on it one at a
+time (a request-rate request gets a stream of its own); a request ends with the response flagged
+`triton_final_response` (or, from a server that never flags it, the requested number of tokens);
+every response that carries output counts as one token.
 
 Inputs are negotiated from the model's metadata, because Triton rejects inputs a model does not
 declare: synthetic prompts go out as a `text_input` string of `input_tokens` words (one token
@@ -228,57 +229,108 @@ def _server_times(params: Any) -> tuple[float, float, float] | None:
     )
 
 
-async def one_request(
-    client: InferenceServerClient,
-    spec: LoadSpec,
-    template: RequestTemplate,
-    index: int,
+class _StreamBroken(Exception):
+    pass
+
+
+async def _collect(
+    responses: AsyncIterator[tuple[Any, Any]], request_id: str, spec: LoadSpec, send: float
 ) -> RequestTrace:
-    inputs = template.build(index, spec.seed, spec.input_tokens, spec.output_tokens)
-    done = asyncio.Event()
-    request = {"model_name": spec.model, "inputs": inputs, "request_id": str(index)}
-
-    async def requests() -> AsyncIterator[dict[str, Any]]:
-        yield request
-        await done.wait()  # keep the stream open until the last response is in
-
+    """Read one request's responses off a stream: until the final flag, an error, or (for servers
+    that never flag the last response) the requested number of tokens."""
     times: list[float] = []
-    server: tuple[float, float, float] | None = None
-    error: str | None = None
-    send = clock()
-    call = client.stream_infer(requests())
     try:
         async with asyncio.timeout(spec.request_timeout_s):
-            async for result, err in call:
+            while True:
+                try:
+                    result, err = await anext(responses)
+                except StopAsyncIteration:
+                    raise _StreamBroken("stream closed before the last response") from None
                 now = clock()
                 if err is not None:
-                    error = _message(err)
-                    break
+                    return _failed(send, times, _message(err))
                 response = result.get_response()
+                if response.id and response.id != request_id:
+                    continue  # a late response of an earlier request on this stream
                 if response.outputs:
                     times.append(now)
                 params = response.parameters
-                final = "triton_final_response" in params and params[
-                    "triton_final_response"
-                ].bool_param
-                if final:
-                    server = _server_times(params)
-                    break
+                if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                    return RequestTrace(
+                        send_s=send, responses=tuple(times), server=_server_times(params)
+                    )
                 if len(times) >= spec.output_tokens:
-                    done.set()  # let the stream finish on the server's side
+                    return RequestTrace(send_s=send, responses=tuple(times))
     except TimeoutError:
-        error = f"timeout after {spec.request_timeout_s:g} s ({len(times)} tokens received)"
-    except InferenceServerException as exc:
-        error = _message(exc)
+        raise _StreamBroken(
+            f"timeout after {spec.request_timeout_s:g} s ({len(times)} tokens received)"
+        ) from None
+    except _StreamBroken:
+        raise
     except Exception as exc:  # grpc.aio.AioRpcError and friends: count, never crash the run
-        error = _message(exc)
+        raise _StreamBroken(_message(exc)) from None
+
+
+def _failed(send: float, times: list[float], error: str) -> RequestTrace:
+    return RequestTrace(send_s=send, responses=tuple(times), error=error, end_s=clock())
+
+
+class _Worker:
+    """One closed-loop worker: one long-lived stream, one request in flight at a time. Reusing
+    the stream keeps per-request client work (and so measurement overhead) small; a broken
+    stream fails the request in flight and is reopened for the next."""
+
+    def __init__(self, client: InferenceServerClient, spec: LoadSpec) -> None:
+        self.client = client
+        self.spec = spec
+        self._queue: asyncio.Queue[dict[str, Any] | None] | None = None
+        self._call: Any = None
+        self._responses: AsyncIterator[tuple[Any, Any]] | None = None
+
+    def _open(self) -> tuple[asyncio.Queue[dict[str, Any] | None], AsyncIterator[Any]]:
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            while (item := await queue.get()) is not None:
+                yield item
+
+        self._call = self.client.stream_infer(requests())
+        self._queue, self._responses = queue, aiter(self._call)
+        return queue, self._responses
+
+    async def send(self, index: int, inputs: list[Any]) -> RequestTrace:
+        if self._queue is None or self._responses is None:
+            queue, responses = self._open()
+        else:
+            queue, responses = self._queue, self._responses
+        rid = str(index)
+        send = clock()
+        queue.put_nowait({"model_name": self.spec.model, "inputs": inputs, "request_id": rid})
+        try:
+            return await _collect(responses, rid, self.spec, send)
+        except _StreamBroken as exc:
+            self.close()
+            return _failed(send, [], str(exc))
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(None)
+        if self._call is not None:
+            with contextlib.suppress(Exception):
+                self._call.cancel()
+        self._queue = self._call = self._responses = None
+
+
+async def one_request(
+    client: InferenceServerClient, spec: LoadSpec, template: RequestTemplate, index: int
+) -> RequestTrace:
+    """One request on a stream of its own (request-rate mode, where requests overlap)."""
+    inputs = template.build(index, spec.seed, spec.input_tokens, spec.output_tokens)
+    worker = _Worker(client, spec)
+    try:
+        return await worker.send(index, inputs)
     finally:
-        done.set()
-        with contextlib.suppress(Exception):
-            call.cancel()
-    if error is not None:
-        return RequestTrace(send_s=send, responses=tuple(times), error=error, end_s=clock())
-    return RequestTrace(send_s=send, responses=tuple(times), server=server)
+        worker.close()
 
 
 def _message(exc: BaseException) -> str:
@@ -309,14 +361,33 @@ async def _closed_loop(
     next_index = first
     end = first + count
 
-    async def worker() -> None:
-        nonlocal next_index
-        while next_index < end:
-            i = next_index
-            next_index += 1
-            traces.append(await one_request(client, spec, template, i))
+    def build(i: int) -> list[Any]:
+        return template.build(i, spec.seed, spec.input_tokens, spec.output_tokens)
 
-    await asyncio.gather(*(worker() for _ in range(max(1, min(workers, count)))))
+    async def work() -> None:
+        nonlocal next_index
+        worker = _Worker(client, spec)
+        try:
+            if next_index >= end:
+                return
+            i, next_index = next_index, next_index + 1
+            inputs = build(i)
+            while True:
+                pending = asyncio.ensure_future(worker.send(i, inputs))
+                # Build the next request while this one is in flight, off the critical path.
+                nxt = None
+                if next_index < end:
+                    nxt, next_index = next_index, next_index + 1
+                    await asyncio.sleep(0)
+                    next_inputs = build(nxt)
+                traces.append(await pending)
+                if nxt is None:
+                    return
+                i, inputs = nxt, next_inputs
+        finally:
+            worker.close()
+
+    await asyncio.gather(*(work() for _ in range(max(1, min(workers, count)))))
     return traces
 
 

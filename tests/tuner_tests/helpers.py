@@ -1,0 +1,58 @@
+"""Small builders shared by the tuner tests."""
+
+from __future__ import annotations
+
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.request import (
+    GpuRef, ModelRef, SearchSpace, SloBound, TuningOptions, TuningRequest, WorkloadSpec,
+)  # fmt: skip
+
+
+def request(
+    *,
+    e2e_p95: float = 25600,
+    sampler: str = "auto",
+    max_trials: int = 40,
+    seed: int = 0,
+    tps: list[int] | None = None,
+    batches: list[int] | None = None,
+    quants: list[str] | None = None,
+    parallelism: int = 1,
+    name: str = "t",
+) -> TuningRequest:
+    return TuningRequest(
+        name=name,
+        model=ModelRef(name="llama-2-70b"),
+        gpu=GpuRef(product="H100-SXM-80GB", max_gpus_per_replica=8),
+        workload=WorkloadSpec(input_tokens=1024, output_tokens=512),
+        slo=[SloBound(metric="e2e_ms", percentile="p95", max_ms=e2e_p95)],
+        search=SearchSpace(
+            tensor_parallel=tps or [1, 2, 4, 8],
+            max_batch_size=batches or [1, 8, 16, 32, 64, 96, 128, 192, 256],
+            quantization=quants or ["fp16", "fp8", "nvfp4"],
+            kv_cache_dtype=["auto", "fp8"],
+        ),
+        tuning=TuningOptions(
+            max_trials=max_trials, seed=seed, sampler=sampler, parallelism=parallelism  # type: ignore[arg-type]
+        ),
+    )
+
+
+class CountingBackend:
+    """Wraps a backend and records every configuration it was asked to run."""
+
+    def __init__(self, inner, fail_after: int | None = None) -> None:  # type: ignore[no-untyped-def]
+        self.inner = inner
+        self.name = inner.name
+        self.calls: list[TrialConfig] = []
+        self.fail_after = fail_after
+
+    def run(self, config: TrialConfig) -> Measurement:
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise KeyboardInterrupt("simulated interruption")
+        self.calls.append(config)
+        return self.inner.run(config)
+
+    def close(self) -> None:
+        self.inner.close()
