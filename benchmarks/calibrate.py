@@ -74,7 +74,12 @@ def main() -> None:
     best = None
     for _ in range(args.starts):
         x0 = np.array([rng.uniform(lo, hi) for lo, hi in BOUNDS])
-        res = minimize(objective, x0, method="Nelder-Mead", options={"maxiter": 6000, "xatol": 1e-4, "fatol": 1e-7})
+        res = minimize(
+            objective,
+            x0,
+            method="Nelder-Mead",
+            options={"maxiter": 6000, "xatol": 1e-4, "fatol": 1e-7},
+        )
         if best is None or res.fun < best.fun:
             best = res
     assert best is not None

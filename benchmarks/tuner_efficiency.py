@@ -24,7 +24,13 @@ from pathlib import Path
 
 from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.request import (
-    GpuRef, ModelRef, SearchSpace, SloBound, TuningOptions, TuningRequest, WorkloadSpec,
+    GpuRef,
+    ModelRef,
+    SearchSpace,
+    SloBound,
+    TuningOptions,
+    TuningRequest,
+    WorkloadSpec,
 )  # fmt: skip
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.space import build_space
@@ -43,7 +49,7 @@ SCENARIOS = [
     ("llama2-70b/H100 e2e", "llama-2-70b", "H100-SXM-80GB", 8, 1024, 512,
      slo(("e2e_ms", "p95", 25600)), [1, 2, 4, 8], B11, ["fp16", "fp8"], ["auto", "fp8"], 1.0),
     ("llama2-70b/A100 e2e", "llama-2-70b", "A100-SXM-80GB", 8, 1024, 512,
-     slo(("e2e_ms", "p95", 25600)), [1, 2, 4, 8], B11 + [24, 40], ["fp16", "bf16", "w4a16_awq"],
+     slo(("e2e_ms", "p95", 25600)), [1, 2, 4, 8], [*B11, 24, 40], ["fp16", "bf16", "w4a16_awq"],
      ["auto"], 2.0),
     ("llama3-8b/L4 e2e", "llama-3-8b", "L4-24GB", 2, 512, 256,
      slo(("e2e_ms", "p95", 20000)), [1, 2], B11,
@@ -96,7 +102,9 @@ def true_optimum(request: TuningRequest, backend: SimulatedBackend) -> float:
         m = backend.run(cfg)
         if m.status != "ok" or m.output_tokens_per_s_per_gpu is None:
             continue
-        checks = slo_mod.check(request, lambda met, p, m=m: m.percentiles(met).get(p), m.output_tokens_per_s_per_gpu)  # type: ignore[union-attr]
+        checks = slo_mod.check(
+            request, lambda met, p, m=m: m.percentiles(met).get(p), m.output_tokens_per_s_per_gpu
+        )  # type: ignore[union-attr]
         if all(c.ok for c in checks):
             best = max(best, m.output_tokens_per_s_per_gpu)
     return best
@@ -132,7 +140,7 @@ def main() -> None:
                     report = tune(req, backend=SimulatedBackend.perturbed(req, seed=seed),
                                   out_dir=Path(tmp), on_trial=hook)  # fmt: skip
                 got = report.best.metrics.output_tokens_per_s_per_gpu if report.best else 0.0
-                reached = optimum == 0.0 and got == 0.0 or (optimum > 0 and got >= 0.98 * optimum)
+                reached = (optimum == 0.0 and got == 0.0) or (optimum > 0 and got >= 0.98 * optimum)
                 ruled_out = sum(1 for c in executed if not priors[c].fits)
                 results[sampler].append((reached, report.executed_trials, ruled_out))
                 if args.verbose:

@@ -34,7 +34,7 @@ def _fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[Ba
     for name, f in model.model_fields.items():
         alias = f.alias or name
         out.append((prefix + alias, model))
-        for arg in getattr(f.annotation, "__args__", ()) + (f.annotation,):
+        for arg in (*getattr(f.annotation, "__args__", ()), f.annotation):
             if isinstance(arg, type) and issubclass(arg, BaseModel):
                 out.extend(_fields(arg, prefix + alias + "."))
     return out

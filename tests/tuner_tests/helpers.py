@@ -5,7 +5,13 @@ from __future__ import annotations
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import (
-    GpuRef, ModelRef, SearchSpace, SloBound, TuningOptions, TuningRequest, WorkloadSpec,
+    GpuRef,
+    ModelRef,
+    SearchSpace,
+    SloBound,
+    TuningOptions,
+    TuningRequest,
+    WorkloadSpec,
 )  # fmt: skip
 
 
@@ -34,7 +40,10 @@ def request(
             kv_cache_dtype=["auto", "fp8"],
         ),
         tuning=TuningOptions(
-            max_trials=max_trials, seed=seed, sampler=sampler, parallelism=parallelism  # type: ignore[arg-type]
+            max_trials=max_trials,
+            seed=seed,
+            sampler=sampler,
+            parallelism=parallelism,  # type: ignore[arg-type]
         ),
     )
 

@@ -104,7 +104,9 @@ def test_replay_reproduces_the_same_best(tmp_path: Path) -> None:
     r2 = tune(req, backend=f"replay:{table}", out_dir=tmp_path / "c")
     assert r1.best and r2.best and live.best
     assert r1.best.config == r2.best.config == live.best.config
-    assert [t.config for t in r1.trials if t.executed] == [t.config for t in r2.trials if t.executed]
+    assert [t.config for t in r1.trials if t.executed] == [
+        t.config for t in r2.trials if t.executed
+    ]
 
 
 def test_replay_missing_config_is_a_failed_trial(tmp_path: Path) -> None:
@@ -139,12 +141,21 @@ def test_report_files_and_json_contract(tmp_path: Path) -> None:
     assert data["schema"] == "infertune.report/v1"
     assert {"request", "space_size", "trials", "best", "executed_trials"} <= data.keys()
     t = data["trials"][0]
-    assert {"number", "config", "state", "executed", "slo_ok", "metrics", "predicted", "reason"} <= t.keys()
+    assert {
+        "number",
+        "config",
+        "state",
+        "executed",
+        "slo_ok",
+        "metrics",
+        "predicted",
+        "reason",
+    } <= t.keys()
     assert set(t["config"]) == {"tp", "max_batch_size", "quantization", "kv_cache_dtype"}
     assert set(t["metrics"]["e2e_ms"]) == {"p50", "p95", "p99"}
     assert data["best"]["metrics"]["output_tokens_per_s_per_gpu"] > 0
     html = paths[2].read_text()
     assert "<svg" in html and "Pareto" in html
-    assert "src=\"http" not in html and "href=\"http" not in html  # self-contained
+    assert 'src="http' not in html and 'href="http' not in html  # self-contained
     md = paths[1].read_text()
     assert "Chosen configuration" in md and "Ruled out without GPU time" in md

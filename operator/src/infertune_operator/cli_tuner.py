@@ -35,13 +35,17 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="Output directory (default infertune-out/NAME).")
         ] = None,
         seed: Annotated[int | None, typer.Option(help="Override spec.tuning.seed.")] = None,
-        max_trials: Annotated[int | None, typer.Option(help="Override spec.tuning.maxTrials.")] = None,
+        max_trials: Annotated[
+            int | None, typer.Option(help="Override spec.tuning.maxTrials.")
+        ] = None,
         sampler: Annotated[
             str | None, typer.Option(help="auto | tpe | random | grid (default: the spec's).")
         ] = None,
         server_command: Annotated[
             str | None,
-            typer.Option(help="triton backend: command template that starts the server instead of tritonserver."),
+            typer.Option(
+                help="triton backend: command template that starts the server instead of tritonserver."
+            ),
         ] = None,
         progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     ) -> None:
@@ -69,9 +73,7 @@ def register(app: typer.Typer) -> None:
             if sampler not in ("auto", "tpe", "random", "grid"):
                 raise InputError(f"--sampler must be auto, tpe, random or grid, not {sampler!r}")
             overrides["sampler"] = sampler
-        request = request.model_copy(
-            update={"tuning": request.tuning.model_copy(update=overrides)}
-        )
+        request = request.model_copy(update={"tuning": request.tuning.model_copy(update=overrides)})
         out_dir = out or Path("infertune-out") / request.name
         report = run_tune(
             request, backend=backend, out_dir=out_dir, progress=progress,
@@ -93,11 +95,15 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @user_errors
     def predict(
-        model: Annotated[str, typer.Option(help="Catalog key, Hugging Face id, or config.json path.")],
+        model: Annotated[
+            str, typer.Option(help="Catalog key, Hugging Face id, or config.json path.")
+        ],
         gpu: Annotated[str, typer.Option(help="GPU catalog key (see `infertune gpus`).")],
         tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
         batch: Annotated[int, typer.Option(help="Max batch size (= concurrency).")] = 1,
-        quant: Annotated[str, typer.Option(help="bf16 | fp16 | fp8 | w4a16_awq | w4a8_awq | nvfp4")] = "bf16",
+        quant: Annotated[
+            str, typer.Option(help="bf16 | fp16 | fp8 | w4a16_awq | w4a8_awq | nvfp4")
+        ] = "bf16",
         kv_dtype: Annotated[str, typer.Option(help="auto | fp8")] = "auto",
         isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 1024,
         osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 256,
@@ -154,7 +160,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"{arch.key} on {g.key}: {cfg.label()}, {isl} in / {osl} out", show_header=False)
+        t = Table(
+            title=f"{arch.key} on {g.key}: {cfg.label()}, {isl} in / {osl} out", show_header=False
+        )
         t.add_column(style="bold")
         t.add_column(justify="right")
         rows = [
@@ -166,9 +174,18 @@ def register(app: typer.Typer) -> None:
             ("KV needed for the batch / GPU", f"{mem.kv_cache_gib_per_gpu:.2f} GiB"),
             ("KV per token / GPU", f"{mem.kv_bytes_per_token_per_gpu / 1024:.1f} KiB"),
             ("max concurrent sequences", str(mem.max_concurrent_sequences)),
-            ("TTFT p50 / p95 / p99", "{:.0f} / {:.0f} / {:.0f} ms".format(*p.ttft_ms.as_dict().values())),
-            ("ITL p50 / p95 / p99", "{:.1f} / {:.1f} / {:.1f} ms".format(*p.itl_ms.as_dict().values())),
-            ("E2E p50 / p95 / p99", "{:.0f} / {:.0f} / {:.0f} ms".format(*p.e2e_ms.as_dict().values())),
+            (
+                "TTFT p50 / p95 / p99",
+                "{:.0f} / {:.0f} / {:.0f} ms".format(*p.ttft_ms.as_dict().values()),
+            ),
+            (
+                "ITL p50 / p95 / p99",
+                "{:.1f} / {:.1f} / {:.1f} ms".format(*p.itl_ms.as_dict().values()),
+            ),
+            (
+                "E2E p50 / p95 / p99",
+                "{:.0f} / {:.0f} / {:.0f} ms".format(*p.e2e_ms.as_dict().values()),
+            ),
             ("output tok/s", f"{p.output_tokens_per_s:.0f}"),
             ("output tok/s per GPU", f"{p.output_tokens_per_s_per_gpu:.0f}"),
         ]
@@ -183,13 +200,20 @@ def register(app: typer.Typer) -> None:
 
         rows = [
             {
-                "key": g.key, "architecture": g.architecture, "memory_gib": g.memory_gib,
-                "hbm_bandwidth_gbs": g.hbm_bandwidth_gbs, "bf16_tflops": g.bf16_tflops,
-                "fp8_tflops": g.fp8_tflops, "fp4_tflops": g.fp4_tflops, "int8_tops": g.int8_tops,
-                "link": g.link, "link_bandwidth_gbs": g.link_bandwidth_gbs,
-                "quantizations": sorted(g.quantizations), "kv_dtypes": sorted(g.kv_dtypes),
+                "key": g.key,
+                "architecture": g.architecture,
+                "memory_gib": g.memory_gib,
+                "hbm_bandwidth_gbs": g.hbm_bandwidth_gbs,
+                "bf16_tflops": g.bf16_tflops,
+                "fp8_tflops": g.fp8_tflops,
+                "fp4_tflops": g.fp4_tflops,
+                "int8_tops": g.int8_tops,
+                "link": g.link,
+                "link_bandwidth_gbs": g.link_bandwidth_gbs,
+                "quantizations": sorted(g.quantizations),
+                "kv_dtypes": sorted(g.kv_dtypes),
                 "product_labels": list(g.product_labels),
-            }  # fmt: skip
+            }
             for g in GPUS.values()
         ]
         if as_json:
@@ -199,7 +223,18 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         t = Table(title="GPU catalog (dense tensor TFLOPS)")
-        for col in ("key", "arch", "GiB", "GB/s", "bf16", "fp8", "fp4", "link", "quantizations", "node label"):
+        for col in (
+            "key",
+            "arch",
+            "GiB",
+            "GB/s",
+            "bf16",
+            "fp8",
+            "fp4",
+            "link",
+            "quantizations",
+            "node label",
+        ):
             t.add_column(col)
         for r in rows:
             t.add_row(
@@ -219,12 +254,19 @@ def register(app: typer.Typer) -> None:
 
         rows = [
             {
-                "key": m.key, "params_b": round(m.params / 1e9, 2),
-                "active_params_b": round(m.active_params / 1e9, 2), "layers": m.layers,
-                "hidden_size": m.hidden_size, "heads": m.heads, "kv_heads": m.kv_heads,
-                "ffn_size": m.ffn_size, "vocab_size": m.vocab_size, "experts": m.experts,
-                "experts_active": m.experts_active, "hf_ids": list(m.hf_ids),
-            }  # fmt: skip
+                "key": m.key,
+                "params_b": round(m.params / 1e9, 2),
+                "active_params_b": round(m.active_params / 1e9, 2),
+                "layers": m.layers,
+                "hidden_size": m.hidden_size,
+                "heads": m.heads,
+                "kv_heads": m.kv_heads,
+                "ffn_size": m.ffn_size,
+                "vocab_size": m.vocab_size,
+                "experts": m.experts,
+                "experts_active": m.experts_active,
+                "hf_ids": list(m.hf_ids),
+            }
             for m in MODELS.values()
         ]
         if as_json:
@@ -234,7 +276,17 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         t = Table(title="Model catalog")
-        for col in ("key", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "MoE", "Hugging Face ids"):
+        for col in (
+            "key",
+            "params",
+            "layers",
+            "hidden",
+            "heads/kv",
+            "ffn",
+            "vocab",
+            "MoE",
+            "Hugging Face ids",
+        ):
             t.add_column(col)
         for r in rows:
             moe = f"{r['experts']}x, {r['experts_active']} active" if r["experts"] != 1 else "-"

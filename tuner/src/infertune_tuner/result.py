@@ -30,7 +30,7 @@ class ConfigOut(_M):
 
     @classmethod
     def of(cls, cfg: TrialConfig) -> ConfigOut:
-        return cls(**cfg.as_dict())  # type: ignore[arg-type]
+        return cls(**cfg.as_dict())
 
     def to_config(self) -> TrialConfig:
         return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
@@ -137,7 +137,7 @@ class NearMiss(_M):
 
 
 class Report(_M):
-    schema_: Literal["infertune.report/v1"] = Field(default=REPORT_SCHEMA, alias="schema")
+    schema_: Literal["infertune.report/v1"] = Field(default="infertune.report/v1", alias="schema")
     request: dict[str, Any]
     backend: str
     sampler: str

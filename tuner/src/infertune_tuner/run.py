@@ -80,7 +80,7 @@ def build_report(
             Trial(
                 number=e.number,
                 config=ConfigOut.of(e.config),
-                state=_state(e.measurement),  # type: ignore[arg-type]
+                state=_state(e.measurement),
                 executed=True,
                 slo_ok=all(c.ok for c in e.checks) if e.checks else None,
                 metrics=_metrics(e.measurement),
@@ -205,13 +205,15 @@ def tune(
     deadline = (
         started + request.tuning.timeout_minutes * 60 if request.tuning.timeout_minutes else None
     )
-    search = Search(
-        request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline
-    )
+    search = Search(request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline)
     if workers == 1 and not request.tuning.storage:
         search.recover_interrupted()
 
-    bar = _progress_bar(request.tuning.max_trials, executed=len(executed_trials(study))) if progress else None
+    bar = (
+        _progress_bar(request.tuning.max_trials, executed=len(executed_trials(study)))
+        if progress
+        else None
+    )
     if bar is not None:
         user_hook = on_trial
 
@@ -234,7 +236,7 @@ def tune(
     )  # fmt: skip
 
 
-class _progress_bar:  # noqa: N801 - used like a function
+class _progress_bar:
     """A rich progress bar on stderr: executed trials out of the budget, best so far."""
 
     def __init__(self, total: int, executed: int) -> None:
@@ -256,7 +258,11 @@ class _progress_bar:  # noqa: N801 - used like a function
         self, cfg: TrialConfig, m: Measurement, checks: list[SloCheck], known: Known
     ) -> None:
         best = known.best_tps()
-        verdict = m.status if m.status != "ok" else ("SLO ok" if all(c.ok for c in checks) else "SLO miss")
+        verdict = (
+            m.status
+            if m.status != "ok"
+            else ("SLO ok" if all(c.ok for c in checks) else "SLO miss")
+        )
         desc = f"{cfg.label()}: {verdict}"
         if best:
             desc += f" | best {best:.0f} tok/s/GPU"

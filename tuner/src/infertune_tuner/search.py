@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
@@ -66,7 +66,7 @@ def open_storage(request: TuningRequest, out_dir: Path) -> str | BaseStorage:
     return JournalStorage(JournalFileBackend(str(out_dir / "study.journal")))
 
 
-def distributions(space: SearchSpace) -> dict[str, CategoricalDistribution]:
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     return {
         "tp": CategoricalDistribution(list(space.tensor_parallel)),
         "max_batch_size": CategoricalDistribution(list(space.max_batch_size)),
@@ -81,7 +81,8 @@ def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.Ba
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
     if name == "grid":
         grid: dict[str, Sequence[Any]] = {
-            k: list(v.choices) for k, v in distributions(space).items()
+            k: list(v.choices)  # type: ignore[attr-defined]
+            for k, v in distributions(space).items()
         }
         return optuna.samplers.GridSampler(grid, seed=seed)
     # `auto` enqueues its own choices; the random sampler only covers fallbacks.
@@ -276,7 +277,9 @@ class Search:
 
     # -- running
 
-    def _record(self, trial: optuna.trial.Trial, cfg: TrialConfig, m: Measurement) -> list[SloCheck]:
+    def _record(
+        self, trial: optuna.trial.Trial, cfg: TrialConfig, m: Measurement
+    ) -> list[SloCheck]:
         checks: list[SloCheck] = []
         if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
             checks = slo.check(

@@ -14,10 +14,13 @@ LatencyLookup = Callable[[str, str], float]
 def check(request: TuningRequest, latency: LatencyLookup, tps_per_gpu: float) -> list[SloCheck]:
     out = [
         SloCheck(
-            bound=b.label(), metric=b.metric, percentile=b.percentile, limit_ms=b.max_ms,
+            bound=b.label(),
+            metric=b.metric,
+            percentile=b.percentile,
+            limit_ms=b.max_ms,
             value_ms=round(latency(b.metric, b.percentile), 3),
             ok=latency(b.metric, b.percentile) <= b.max_ms,
-        )  # fmt: skip
+        )
         for b in request.slo
     ]
     if request.min_output_tokens_per_s_per_gpu is not None:

@@ -43,7 +43,10 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         }
     ],
     "model.architecture": [
-        {"rule": "self.heads % self.kvHeads == 0", "message": "heads must be a multiple of kvHeads"},
+        {
+            "rule": "self.heads % self.kvHeads == 0",
+            "message": "heads must be a multiple of kvHeads",
+        },
         {
             "rule": "self.hiddenSize % self.heads == 0",
             "message": "hiddenSize must be a multiple of heads",

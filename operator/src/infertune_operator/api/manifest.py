@@ -101,9 +101,9 @@ def validate_document(doc: dict[str, Any]) -> tuple[InferenceDeployment | None, 
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown field"
-            elif err["type"] == "literal_error" and "kind" == _loc(err["loc"]):
+            elif err["type"] == "literal_error" and _loc(err["loc"]) == "kind":
                 msg = f"must be {KIND}"
-            elif err["type"] == "literal_error" and "apiVersion" == _loc(err["loc"]):
+            elif err["type"] == "literal_error" and _loc(err["loc"]) == "apiVersion":
                 msg = f"must be {API_VERSION}"
             problems.append(Problem(_loc(err["loc"]), msg))
         return None, problems

@@ -82,7 +82,9 @@ class ArchitectureOverride(ApiModel):
     @model_validator(mode="after")
     def _heads_group(self) -> ArchitectureOverride:
         if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kvHeads ({self.kv_heads})")
+            raise ValueError(
+                f"heads ({self.heads}) must be a multiple of kvHeads ({self.kv_heads})"
+            )
         if self.hidden_size % self.heads:
             raise ValueError(
                 f"hiddenSize ({self.hidden_size}) must be a multiple of heads ({self.heads})"
@@ -183,9 +185,7 @@ def _unique(values: list[object], field: str) -> None:
 
 
 class SearchSpec(ApiModel):
-    tensor_parallel: list[TensorParallel] = Field(
-        default=[1, 2, 4, 8], min_length=1, max_length=7
-    )
+    tensor_parallel: list[TensorParallel] = Field(default=[1, 2, 4, 8], min_length=1, max_length=7)
     max_batch_size: list[PositiveInt] = Field(
         default=[1, 4, 8, 16, 32, 64, 128, 256], min_length=1, max_length=64
     )
@@ -324,9 +324,7 @@ class InferenceDeploymentStatus(ApiModel):
 class ObjectMeta(ApiModel):
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(
-        min_length=1, max_length=48, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-    )
+    name: str = Field(min_length=1, max_length=48, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     namespace: str | None = None
 
 

@@ -19,7 +19,7 @@ def _bounds(metric: str, bound: PercentileBound | None) -> list[SloBound]:
     if bound is None:
         return []
     return [
-        SloBound(metric=metric, percentile=p, max_ms=v)  # type: ignore[arg-type]
+        SloBound(metric=metric, percentile=p, max_ms=v)
         for p, v in bound.bounds().items()
     ]
 

@@ -96,7 +96,9 @@ class SimulatedBackend:
             base = math.exp(rng.gauss(0, self._noise * scale))
             t95 = base * math.exp(abs(rng.gauss(0, self._noise * 2 * tail * scale)))
             t99 = t95 * math.exp(abs(rng.gauss(0, self._noise * 3 * tail * scale)))
-            return Percentiles(x.p50 * base, max(x.p95 * t95, x.p50 * base), max(x.p99 * t99, x.p95 * t95))
+            return Percentiles(
+                x.p50 * base, max(x.p95 * t95, x.p50 * base), max(x.p99 * t99, x.p95 * t95)
+            )
 
         ttft, itl, e2e = noisy(p.ttft_ms, 2.0), noisy(p.itl_ms), noisy(p.e2e_ms)
         tps = p.output_tokens_per_s_per_gpu * p.e2e_ms.p50 / e2e.p50

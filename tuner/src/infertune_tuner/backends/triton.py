@@ -41,6 +41,7 @@ from infertune_tuner.harness.triton_repo import (
     SERVED_MODEL,
     MissingCheckpoint,
     checkpoint_uri,
+    default_model_id,
     launcher_command,
     max_num_tokens_for,
     model_path_for,
@@ -103,10 +104,11 @@ class TritonBackend:
         self.requests_per_trial = requests_per_trial
         self.warmup = warmup
         self._owns_workdir = workdir is None
-        self.workdir = Path(tempfile.mkdtemp(prefix="infertune-triton-")) if workdir is None else workdir
+        self.workdir = (
+            Path(tempfile.mkdtemp(prefix="infertune-triton-")) if workdir is None else workdir
+        )
         self._trials = 0
-        arch = request.resolve_model()
-        self._fallback_id = arch.hf_ids[0] if arch.hf_ids else request.model.name
+        self._fallback_id = default_model_id(request.model.name, request.resolve_model().hf_ids)
 
     # ------------------------------------------------------------------ pieces, testable alone
     def weights_for(self, config: TrialConfig) -> str:

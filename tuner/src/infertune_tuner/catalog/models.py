@@ -51,7 +51,9 @@ class ModelArch:
     @property
     def active_params(self) -> int:
         """Parameters one token touches (MoE: the active experts only)."""
-        per_layer = self.attention_params_per_layer + self.experts_active * self.expert_params_per_layer
+        per_layer = (
+            self.attention_params_per_layer + self.experts_active * self.expert_params_per_layer
+        )
         return self.layers * per_layer + 2 * self.embedding_params
 
     def valid_tp(self, tp: int) -> bool:
@@ -66,30 +68,124 @@ def _m(key: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab:
 MODELS: dict[str, ModelArch] = {
     m.key: m
     for m in (
-        _m("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096,
-           ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf")),
-        _m("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096,
-           ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf")),
-        _m("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096,
-           ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf")),
-        _m("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192,
-           ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct",
-            "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct")),
-        _m("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192,
-           ("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct",
-            "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct",
-            "meta-llama/Llama-3.3-70B-Instruct")),
-        _m("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768,
-           ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1",
-            "mistralai/Mistral-7B-Instruct-v0.2", "mistralai/Mistral-7B-Instruct-v0.3")),
-        _m("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768,
-           ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
-           experts=8, active=2),
-        _m("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, 32768,
-           ("Qwen/Qwen2-7B", "Qwen/Qwen2-7B-Instruct")),
-        _m("qwen2-72b", 80, 8192, 64, 8, 29568, 152064, 32768,
-           ("Qwen/Qwen2-72B", "Qwen/Qwen2-72B-Instruct")),
-    )  # fmt: skip
+        _m(
+            "llama-2-7b",
+            32,
+            4096,
+            32,
+            32,
+            11008,
+            32000,
+            4096,
+            ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"),
+        ),
+        _m(
+            "llama-2-13b",
+            40,
+            5120,
+            40,
+            40,
+            13824,
+            32000,
+            4096,
+            ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf"),
+        ),
+        _m(
+            "llama-2-70b",
+            80,
+            8192,
+            64,
+            8,
+            28672,
+            32000,
+            4096,
+            ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"),
+        ),
+        _m(
+            "llama-3-8b",
+            32,
+            4096,
+            32,
+            8,
+            14336,
+            128256,
+            8192,
+            (
+                "meta-llama/Meta-Llama-3-8B",
+                "meta-llama/Meta-Llama-3-8B-Instruct",
+                "meta-llama/Llama-3.1-8B",
+                "meta-llama/Llama-3.1-8B-Instruct",
+            ),
+        ),
+        _m(
+            "llama-3-70b",
+            80,
+            8192,
+            64,
+            8,
+            28672,
+            128256,
+            8192,
+            (
+                "meta-llama/Meta-Llama-3-70B",
+                "meta-llama/Meta-Llama-3-70B-Instruct",
+                "meta-llama/Llama-3.1-70B",
+                "meta-llama/Llama-3.1-70B-Instruct",
+                "meta-llama/Llama-3.3-70B-Instruct",
+            ),
+        ),
+        _m(
+            "mistral-7b",
+            32,
+            4096,
+            32,
+            8,
+            14336,
+            32000,
+            32768,
+            (
+                "mistralai/Mistral-7B-v0.1",
+                "mistralai/Mistral-7B-Instruct-v0.1",
+                "mistralai/Mistral-7B-Instruct-v0.2",
+                "mistralai/Mistral-7B-Instruct-v0.3",
+            ),
+        ),
+        _m(
+            "mixtral-8x7b",
+            32,
+            4096,
+            32,
+            8,
+            14336,
+            32000,
+            32768,
+            ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+            experts=8,
+            active=2,
+        ),
+        _m(
+            "qwen2-7b",
+            28,
+            3584,
+            28,
+            4,
+            18944,
+            152064,
+            32768,
+            ("Qwen/Qwen2-7B", "Qwen/Qwen2-7B-Instruct"),
+        ),
+        _m(
+            "qwen2-72b",
+            80,
+            8192,
+            64,
+            8,
+            29568,
+            152064,
+            32768,
+            ("Qwen/Qwen2-72B", "Qwen/Qwen2-72B-Instruct"),
+        ),
+    )
 }
 
 

@@ -11,6 +11,7 @@ the last 40 log lines as the reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -122,10 +123,8 @@ class ServerProcess:
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline and self.alive():
                 time.sleep(0.05)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            pass
         self._log.close()
 
 
@@ -196,7 +195,9 @@ async def _drive(plan: TrialPlan, proc: ServerProcess) -> TrialOutcome:
         status, reason = classify_failure(proc.log_text(), "")
         if status == "oom":
             return done("oom", result, reason)
-        return done("error", result, f"all {sent} requests failed: " + "; ".join(result.error_samples))
+        return done(
+            "error", result, f"all {sent} requests failed: " + "; ".join(result.error_samples)
+        )
     if result.errors > MAX_ERROR_FRACTION * sent:
         return done(
             "error", result,

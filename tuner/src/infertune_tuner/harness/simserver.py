@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import struct
@@ -215,23 +216,21 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
         self._loop_task: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------------- health and metadata
-    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:  # noqa: N802
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:  # noqa: N802
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=True)
 
     def _known(self, name: str, version: str) -> bool:
         return name == self.cfg.served_model and version in ("", "1")
 
-    async def ModelReady(  # noqa: N802
+    async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self._known(request.name, request.version))
 
-    async def ServerMetadata(  # noqa: N802
-        self, request: Any, context: Any
-    ) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
             name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration"]
         )
@@ -241,7 +240,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
             grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found"
         )
 
-    async def ModelMetadata(  # noqa: N802
+    async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         if not self._known(request.name, request.version):
@@ -255,7 +254,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
             outputs=[tm(name=n, datatype=dt, shape=list(dims)) for n, dt, _, dims in _OUTPUTS],
         )
 
-    async def ModelConfig(  # noqa: N802
+    async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelConfigResponse:
         if not self._known(request.name, request.version):
@@ -285,7 +284,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
             config.parameters[k].string_value = v
         return pb.ModelConfigResponse(config=config)
 
-    async def ModelInfer(  # noqa: N802
+    async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         if not self._known(request.model_name, request.model_version):
@@ -320,7 +319,9 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
         received = time.monotonic()
         if not self._known(request.model_name, request.model_version):
             stream.queue.put_nowait(
-                self._error(request, f"Request for unknown model: '{request.model_name}' is not found")
+                self._error(
+                    request, f"Request for unknown model: '{request.model_name}' is not found"
+                )
             )
             return
         try:
@@ -337,7 +338,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
         stream.outstanding += 1
         self._wake.set()
 
-    async def ModelStreamInfer(  # noqa: N802
+    async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         stream = _Stream()
@@ -422,10 +423,8 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
     async def stop(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-            except asyncio.CancelledError:
-                pass
             self._loop_task = None
 
 
@@ -506,10 +505,8 @@ async def serve(cfg: SimServerConfig, stop: asyncio.Event | None = None) -> None
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
     server = SimServer(cfg)
     await server.start()
     print(

@@ -26,7 +26,7 @@ Two deliberate choices:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -93,6 +93,14 @@ def checkpoint_uri(
     )
 
 
+def default_model_id(name: str, hf_ids: Sequence[str] = ()) -> str:
+    """The Hugging Face id to load when no URI is given: the name itself when it is one (has a
+    slash), else the catalog entry's first id, else the name."""
+    if "/" in name:
+        return name.removeprefix("hf://")
+    return hf_ids[0] if hf_ids else name
+
+
 def split_pvc(uri: str) -> tuple[str, str] | None:
     """`pvc://claim/some/path` -> ("claim", "some/path"); None for other schemes."""
     if not uri.startswith("pvc://"):
@@ -152,7 +160,8 @@ def config_pbtxt(served_model: str = SERVED_MODEL) -> str:
 
     inputs = [
         block(
-            [f'name: "{n}"', f"data_type: {t}", f"dims: [ {d} ]"] + (["optional: true"] if o else [])
+            [f'name: "{n}"', f"data_type: {t}", f"dims: [ {d} ]"]
+            + (["optional: true"] if o else [])
         )
         for n, t, d, o in LLMAPI_INPUTS
     ]
@@ -183,9 +192,11 @@ def render_model_repository(
     return {
         f"{served_model}/config.pbtxt": config_pbtxt(served_model),
         f"{served_model}/1/model.yaml": model_yaml_text(
-            config, model, max_num_tokens=max_num_tokens,
+            config,
+            model,
+            max_num_tokens=max_num_tokens,
             free_gpu_memory_fraction=free_gpu_memory_fraction,
-        ),  # fmt: skip
+        ),
     }
 
 

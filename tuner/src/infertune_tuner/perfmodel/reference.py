@@ -33,7 +33,9 @@ def _derived_latency(tps: float, tp: int, batch: int) -> float:
     return batch * WORKLOAD.output_tokens / (tps * tp) * 1e3
 
 
-def _pt(gpu: str, q: str, tp: int, bs: int, tps: float, e2e: float | None, src: str) -> ReferencePoint:
+def _pt(
+    gpu: str, q: str, tp: int, bs: int, tps: float, e2e: float | None, src: str
+) -> ReferencePoint:
     cfg = TrialConfig(tp=tp, max_batch_size=bs, quantization=q, kv_cache_dtype="auto")
     return ReferencePoint(gpu, cfg, tps, e2e if e2e else _derived_latency(tps, tp, bs), src)
 

@@ -15,7 +15,9 @@ def _row(t: Trial) -> str:
     m, p = t.metrics, t.predicted
     tps = f"{m.output_tokens_per_s_per_gpu:.0f}" if m else ""
     ptps = f"{p.output_tokens_per_s_per_gpu:.0f}" if p else ""
-    err = error_pct(p.output_tokens_per_s_per_gpu if p else None, m.output_tokens_per_s_per_gpu if m else None)
+    err = error_pct(
+        p.output_tokens_per_s_per_gpu if p else None, m.output_tokens_per_s_per_gpu if m else None
+    )
     ttft = f"{m.ttft_ms.p95:.0f}" if m else ""
     itl = f"{m.itl_ms.p95:.1f}" if m else ""
     e2e = f"{m.e2e_ms.p95:.0f}" if m else ""
@@ -39,8 +41,13 @@ def render_markdown(report: Report) -> str:
         "",
         f"- Model `{r.model.name}` on `{r.gpu.product}` (at most {r.gpu.max_gpus_per_replica} GPUs "
         f"per replica), {r.workload.input_tokens} input / {r.workload.output_tokens} output tokens",
-        "- SLO: " + ", ".join(b.label() for b in r.slo)
-        + (f", tok/s/GPU >= {r.min_output_tokens_per_s_per_gpu:g}" if r.min_output_tokens_per_s_per_gpu else ""),
+        "- SLO: "
+        + ", ".join(b.label() for b in r.slo)
+        + (
+            f", tok/s/GPU >= {r.min_output_tokens_per_s_per_gpu:g}"
+            if r.min_output_tokens_per_s_per_gpu
+            else ""
+        ),
         f"- Backend `{report.backend}`, sampler `{report.sampler}`: {report.executed_trials} trials "
         f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials})",
         f"- Stopped: {report.stopped_reason}",
