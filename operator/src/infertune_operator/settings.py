@@ -48,7 +48,9 @@ class Settings:
         d = cls()
         backend = _env("INFERTUNE_DEFAULT_BACKEND", d.default_backend)
         if backend not in ("triton", "simulated"):
-            raise ValueError(f"INFERTUNE_DEFAULT_BACKEND must be triton or simulated, not {backend!r}")
+            raise ValueError(
+                f"INFERTUNE_DEFAULT_BACKEND must be triton or simulated, not {backend!r}"
+            )
         return cls(
             operator_image=_env("INFERTUNE_OPERATOR_IMAGE", d.operator_image),
             tuner_image=_env("INFERTUNE_TUNER_IMAGE", d.tuner_image),

@@ -196,6 +196,9 @@ class TritonBackend:
                 errors=r.errors if r is not None else 0,
                 duration_s=r.duration_s if r is not None else 0.0,
             )
+        notes = [*r.error_samples]  # an ok trial may still have lost a few requests
+        if "warning" in r.settings:
+            notes.append(str(r.settings["warning"]))
         return Measurement(
             status="ok",
             ttft_ms=r.ttft_ms.percentiles() if r.ttft_ms else None,
@@ -204,7 +207,7 @@ class TritonBackend:
             output_tokens_per_s_per_gpu=r.output_tokens_per_s / config.tp,
             requests=r.requests,
             errors=r.errors,
-            reason="; ".join(r.error_samples) or None,
+            reason="; ".join(notes) or None,
             duration_s=r.duration_s,
         )
 

@@ -46,110 +46,25 @@ from infertune_tuner.harness.metrics import BenchResult, RequestTrace, compute
 
 clock = time.monotonic  # CLOCK_MONOTONIC on Linux: the simulated server's clock too
 
-WORDS = [
-    "time",
-    "year",
-    "people",
-    "way",
-    "day",
-    "man",
-    "thing",
-    "woman",
-    "life",
-    "child",
-    "world",
-    "school",
-    "state",
-    "family",
-    "student",
-    "group",
-    "country",
-    "problem",
-    "hand",
-    "part",
-    "place",
-    "case",
-    "week",
-    "company",
-    "system",
-    "program",
-    "question",
-    "work",
-    "government",
-    "number",
-    "night",
-    "point",
-    "home",
-    "water",
-    "room",
-    "mother",
-    "area",
-    "money",
-    "story",
-    "fact",
-    "month",
-    "lot",
-    "right",
-    "study",
-    "book",
-    "eye",
-    "job",
-    "word",
-    "business",
-    "issue",
-    "side",
-    "kind",
-    "head",
-    "house",
-    "service",
-    "friend",
-    "father",
-    "power",
-    "hour",
-    "game",
-    "line",
-    "end",
-    "member",
-    "law",
-    "car",
-    "city",
-    "community",
-    "name",
-    "president",
-    "team",
-    "minute",
-    "idea",
-    "kid",
-    "body",
-    "information",
-    "back",
-    "parent",
-    "face",
-    "others",
-    "level",
-    "office",
-    "door",
-    "health",
-    "person",
-    "art",
-    "war",
-    "history",
-    "party",
-    "result",
-    "change",
-    "morning",
-    "reason",
-    "research",
-    "girl",
-    "guy",
-    "moment",
-    "air",
-    "teacher",
-    "force",
-]
+# fmt: off
+WORDS = (
+    "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world",
+    "school", "state", "family", "student", "group", "country", "problem", "hand", "part",
+    "place", "case", "week", "company", "system", "program", "question", "work", "government",
+    "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story",
+    "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue",
+    "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game",
+    "line", "end", "member", "law", "car", "city", "community", "name", "president", "team",
+    "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level",
+    "office", "door", "health", "person", "art", "war", "history", "party", "result", "change",
+    "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force",
+)
+# fmt: on
 
 MAX_TOKEN_INPUTS = ("sampling_param_max_tokens", "max_tokens", "request_output_len")
 STREAMING_INPUTS = ("streaming", "stream")
+PER_REQUEST_INPUTS = frozenset({"text_input", "input_ids"})
+CLIENT_SATURATED = 0.7  # CPU share above which client queueing starts to show in latencies
 
 
 class ServerUnreachable(InputError):
@@ -208,6 +123,7 @@ class RequestTemplate:
     metadata_error: str | None = None
     _words: list[str] = field(default_factory=lambda: list(WORDS))
     _cache: dict[tuple[int, int], _Prompts] = field(default_factory=dict)
+    _shared: dict[tuple[str, int, int], Any] = field(default_factory=dict)
 
     @classmethod
     def fallback(cls, error: str | None = None) -> RequestTemplate:
@@ -251,15 +167,27 @@ class RequestTemplate:
         prompt = self._prompts(seed, input_tokens).make(index)
         out: list[Any] = []
         for spec in self.inputs:
-            value = self._value(spec, prompt, input_tokens, output_tokens)
-            shape = list(value.shape)
-            if self.batched:
-                value = value.reshape([1, *shape])
-                shape = [1, *shape]
-            inp = InferInput(spec.name, shape, spec.datatype)
-            inp.set_data_from_numpy(value)
-            out.append(inp)
+            if spec.name in PER_REQUEST_INPUTS:
+                out.append(
+                    self._input(spec, self._value(spec, prompt, input_tokens, output_tokens))
+                )
+                continue
+            key = (spec.name, input_tokens, output_tokens)
+            shared = self._shared.get(key)  # identical in every request: build it once
+            if shared is None:
+                value = self._value(spec, prompt, input_tokens, output_tokens)
+                shared = self._shared[key] = self._input(spec, value)
+            out.append(shared)
         return out
+
+    def _input(self, spec: _Input, value: Any) -> Any:
+        shape = list(value.shape)
+        if self.batched:
+            value = value.reshape([1, *shape])
+            shape = [1, *shape]
+        inp = InferInput(spec.name, shape, spec.datatype)
+        inp.set_data_from_numpy(value)
+        return inp
 
     def _prompts(self, seed: int, input_tokens: int) -> _Prompts:
         key = (seed, input_tokens)
@@ -284,27 +212,26 @@ class RequestTemplate:
 
 
 class _Prompts:
-    """Synthetic prompts of `tokens` words: a unique random prefix of up to PREFIX words per
-    request followed by a body shared by all requests (built once)."""
+    """Synthetic prompts of `tokens` words: a prefix of up to PREFIX words that encodes the
+    request index (unique per request, so prefix caching cannot shorten a prefill), then a random
+    body shared by all requests (built once). Cheap: no per-request random generator."""
 
     PREFIX = 8
 
     def __init__(self, seed: int, tokens: int, words: list[str]) -> None:
         rng = random.Random(f"body:{seed}:{tokens}")
-        self.seed = seed
         self.words = words
         self.prefix = min(self.PREFIX, tokens)
+        self.offsets = [rng.randrange(len(words)) for _ in range(self.prefix)]
         body = rng.choices(words, k=tokens - self.prefix)
         self.body_text = ("" if not body else " " + " ".join(body)).encode()
         self.body_ids = np.array([rng.randrange(100, 30000) for _ in body], dtype=np.int32)
 
     def make(self, index: int) -> tuple[bytes, Any]:
-        rng = random.Random(f"{self.seed}:{index}")
-        head = rng.choices(self.words, k=self.prefix)
-        text = " ".join(head).encode() + self.body_text
-        ids = np.concatenate(
-            [np.array([rng.randrange(100, 30000) for _ in head], dtype=np.int32), self.body_ids]
-        )
+        n = len(self.words)
+        digits = [(index // n**k + off) % n for k, off in enumerate(self.offsets)]
+        text = " ".join(self.words[d] for d in digits).encode() + self.body_text
+        ids = np.concatenate([np.array(digits, dtype=np.int32) * 101 + 1000, self.body_ids])
         return text, ids
 
 
@@ -379,7 +306,7 @@ class _Worker:
         self._call: Any = None
         self._responses: AsyncIterator[tuple[Any, Any]] | None = None
 
-    def _open(self) -> tuple[asyncio.Queue[dict[str, Any] | None], AsyncIterator[Any]]:
+    def open(self) -> tuple[asyncio.Queue[dict[str, Any] | None], AsyncIterator[Any]]:
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
@@ -392,7 +319,7 @@ class _Worker:
 
     async def send(self, index: int, inputs: list[Any]) -> RequestTrace:
         if self._queue is None or self._responses is None:
-            queue, responses = self._open()
+            queue, responses = self.open()
         else:
             queue, responses = self._queue, self._responses
         rid = str(index)
@@ -442,12 +369,11 @@ def _message(exc: BaseException) -> str:
 
 
 async def _closed_loop(
-    client: InferenceServerClient,
+    workers: list[_Worker],
     spec: LoadSpec,
     template: RequestTemplate,
     first: int,
     count: int,
-    workers: int,
 ) -> list[RequestTrace]:
     traces: list[RequestTrace] = []
     next_index = first
@@ -456,30 +382,26 @@ async def _closed_loop(
     def build(i: int) -> list[Any]:
         return template.build(i, spec.seed, spec.input_tokens, spec.output_tokens)
 
-    async def work() -> None:
+    async def work(worker: _Worker) -> None:
         nonlocal next_index
-        worker = _Worker(client, spec)
-        try:
-            if next_index >= end:
+        if next_index >= end:
+            return
+        i, next_index = next_index, next_index + 1
+        inputs = build(i)
+        while True:
+            pending = asyncio.ensure_future(worker.send(i, inputs))
+            # Build the next request while this one is in flight, off the critical path.
+            nxt = None
+            if next_index < end:
+                nxt, next_index = next_index, next_index + 1
+                await asyncio.sleep(0)
+                next_inputs = build(nxt)
+            traces.append(await pending)
+            if nxt is None:
                 return
-            i, next_index = next_index, next_index + 1
-            inputs = build(i)
-            while True:
-                pending = asyncio.ensure_future(worker.send(i, inputs))
-                # Build the next request while this one is in flight, off the critical path.
-                nxt = None
-                if next_index < end:
-                    nxt, next_index = next_index, next_index + 1
-                    await asyncio.sleep(0)
-                    next_inputs = build(nxt)
-                traces.append(await pending)
-                if nxt is None:
-                    return
-                i, inputs = nxt, next_inputs
-        finally:
-            worker.close()
+            i, inputs = nxt, next_inputs
 
-    await asyncio.gather(*(work() for _ in range(max(1, min(workers, count)))))
+    await asyncio.gather(*(work(w) for w in workers[: max(1, count)]))
     return traces
 
 
@@ -533,30 +455,40 @@ async def check_live(client: InferenceServerClient, spec: LoadSpec) -> None:
 async def run_load(spec: LoadSpec) -> BenchResult:
     """Warm up, then drive the measured requests; statistics over the measured ones only."""
     spec.validate()
-    cpu0 = time.process_time()
+    cpu0, wall0 = time.process_time(), clock()
     async with InferenceServerClient(spec.url) as client:
         await check_live(client, spec)
         template = await negotiate(client, spec.model)
-        if spec.warmup:
-            await _phase(client, spec, template, 0, spec.warmup)
-        traces = await _phase(client, spec, template, spec.warmup, spec.requests)
+        if spec.request_rate is not None:
+            if spec.warmup:
+                await _request_rate(client, spec, template, 0, spec.warmup)
+            traces = await _request_rate(client, spec, template, spec.warmup, spec.requests)
+        else:
+            # The workers and their streams live across warm-up and measurement, so opening
+            # streams is never part of a measured request.
+            workers = [_Worker(client, spec) for _ in range(spec.concurrency or 1)]
+            for w in workers:
+                w.open()
+            try:
+                if spec.warmup:
+                    await _closed_loop(workers, spec, template, 0, spec.warmup)
+                traces = await _closed_loop(workers, spec, template, spec.warmup, spec.requests)
+            finally:
+                for w in workers:
+                    w.close()
     settings = spec.settings()
-    settings["client_cpu_s"] = time.process_time() - cpu0
+    cpu = time.process_time() - cpu0
+    settings["client_cpu_s"] = cpu
+    share = cpu / max(clock() - wall0, 1e-9)
+    settings["client_cpu_share"] = share
+    if share > CLIENT_SATURATED:
+        settings["warning"] = (
+            f"the load generator kept a CPU core {share:.0%} busy: latencies may include "
+            "client-side queueing (use fewer requests in flight or a faster client machine)"
+        )
     if template.metadata_error:
         settings["metadata_error"] = template.metadata_error
     return compute(traces, settings)
-
-
-async def _phase(
-    client: InferenceServerClient,
-    spec: LoadSpec,
-    template: RequestTemplate,
-    first: int,
-    count: int,
-) -> list[RequestTrace]:
-    if spec.request_rate is not None:
-        return await _request_rate(client, spec, template, first, count)
-    return await _closed_loop(client, spec, template, first, count, spec.concurrency or 1)
 
 
 def run_load_sync(spec: LoadSpec) -> BenchResult:

@@ -188,6 +188,8 @@ async def _drive(plan: TrialPlan, proc: ServerProcess) -> TrialOutcome:
         result = await run_load(plan.load)
     except ServerUnreachable as exc:
         return from_logs(str(exc))
+    except Exception as exc:  # a trial fails with a reason; it never takes the tuner down
+        return from_logs(f"the benchmark failed: {type(exc).__name__}: {exc}")
     sent = result.sent
     if result.errors and not proc.alive():
         return from_logs(f"the server died during the benchmark ({result.errors} failed)", result)

@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from tritonclient.grpc import model_config_pb2 as mc
@@ -97,7 +97,7 @@ def build_config(
     """Validate the command-line values; InputError (exit 2) for anything unknown or impossible."""
     if architecture is not None:
         try:
-            arch = ModelArch(key=model, **architecture)
+            arch = ModelArch(key=model, **cast(dict[str, Any], architecture))
         except TypeError as exc:
             raise InputError(f"--architecture: {exc}") from None
     else:
@@ -265,10 +265,10 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
             backend="python",
             max_batch_size=0,  # the LLM-API model batches in the engine, not in Triton
             input=[
-                mc.ModelInput(name=n, data_type=t, dims=list(d), optional=o)  # type: ignore[arg-type]
+                mc.ModelInput(name=n, data_type=t, dims=list(d), optional=o)
                 for n, _, t, d, o in _INPUTS
             ],
-            output=[mc.ModelOutput(name=n, data_type=t, dims=list(d)) for n, _, t, d in _OUTPUTS],  # type: ignore[arg-type]
+            output=[mc.ModelOutput(name=n, data_type=t, dims=list(d)) for n, _, t, d in _OUTPUTS],
             model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
             instance_group=[mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)],
         )

@@ -156,7 +156,7 @@ def model_yaml_text(config: TrialConfig, model: str, **kwargs: Any) -> str:
 
 def config_pbtxt(served_model: str = SERVED_MODEL) -> str:
     def block(fields: list[str]) -> str:
-        return "  {\n" + ",\n".join(f"    {f}" for f in fields) + "\n  }"
+        return "  {\n" + "\n".join(f"    {f}" for f in fields) + "\n  }"
 
     inputs = [
         block(

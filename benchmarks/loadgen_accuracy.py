@@ -1,0 +1,166 @@
+"""How accurately does the load generator measure, and what does it cost?
+
+Starts the simulated Triton server (`infertune_tuner.harness.simserver`) as a subprocess on
+127.0.0.1 (its own process, so on a 2-core machine server and client get a core each) and drives
+it with the load generator over real gRPC streaming:
+
+1. accuracy: llama-3-8b on H100-SXM-80GB, tp1, fp8, max batch 64, 512 in / 128 out, closed loop
+   at concurrency 64. Measured ITL and E2E p50 against the server's modelled steady state
+   (`engine.modelled_steady_state`: the same engine in virtual time with an ideal client).
+   Target: within 5%.
+2. overhead: max batch 256 at concurrency 256 (4x the responses per second). The client's own
+   cost, two ways: the latency it adds (client-measured E2E/TTFT vs the server-reported
+   timestamps of the same requests, same CLOCK_MONOTONIC), and its CPU time per output token
+   and share of wall time. Target: added latency < 2% of E2E.
+
+Time scale: `--time-scale 0.1` runs the modelled GPU 10x faster. Per-response client and gRPC
+costs (~50 us of CPU per token) do not shrink with it, so the relative overhead grows about as
+1/scale; the numbers below use 1.0 (real time), which is what a real trial sees.
+
+    python benchmarks/loadgen_accuracy.py [--time-scale 1.0] [--json]
+
+Bounded: about 40 s on 2 cores at time scale 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infertune_tuner.catalog.gpus import get_gpu
+from infertune_tuner.catalog.models import get_model
+from infertune_tuner.config import TrialConfig, Workload
+from infertune_tuner.harness.engine import modelled_steady_state
+from infertune_tuner.harness.loadgen import LoadSpec, run_load
+from infertune_tuner.harness.metrics import BenchResult
+from infertune_tuner.harness.runner import ServerProcess, free_port, wait_ready
+
+MODEL, GPU, QUANT = "llama-3-8b", "H100-SXM-80GB", "fp8"
+WORKLOAD = Workload(512, 128)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    max_batch: int
+    concurrency: int
+    requests: int
+    warmup: int
+
+
+CASES = (
+    Case("accuracy", max_batch=64, concurrency=64, requests=192, warmup=16),
+    Case("overhead", max_batch=256, concurrency=256, requests=512, warmup=16),
+)
+
+
+async def measure(case: Case, scale: float, logdir: Path) -> BenchResult:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "infertune_tuner.harness.simserver", "--host", "127.0.0.1",
+        "--port", str(port), "--http-port", "-1", "--model", MODEL, "--gpu", GPU,
+        "--max-batch", str(case.max_batch), "--quant", QUANT, "--time-scale", str(scale),
+    ]  # fmt: skip
+    proc = ServerProcess.start(argv, logdir / f"{case.name}.log")
+    try:
+        if await wait_ready(proc, f"127.0.0.1:{port}", "llm", 60) is not None:
+            raise SystemExit(f"simserver did not start:\n{proc.log_text()}")
+        spec = LoadSpec(
+            url=f"127.0.0.1:{port}", model="llm", concurrency=case.concurrency,
+            requests=case.requests, warmup=case.warmup, input_tokens=WORKLOAD.input_tokens,
+            output_tokens=WORKLOAD.output_tokens,
+        )  # fmt: skip
+        return await run_load(spec)
+    finally:
+        proc.stop()
+
+
+def pct(measured: float, reference: float) -> float:
+    return (measured - reference) / reference * 100
+
+
+def report(case: Case, scale: float, r: BenchResult) -> dict[str, Any]:
+    cfg = TrialConfig(1, case.max_batch, QUANT, "auto")
+    m = modelled_steady_state(
+        get_model(MODEL), get_gpu(GPU), cfg, WORKLOAD, case.concurrency, case.requests
+    )
+    assert r.itl_ms and r.e2e_ms and r.ttft_ms and m.itl_ms and m.e2e_ms and m.ttft_ms
+    assert r.server_e2e_ms and r.server_ttft_ms
+    out: dict[str, Any] = {
+        "case": case.name,
+        "config": f"{MODEL} {GPU} {cfg.label()} {WORKLOAD.input_tokens}/{WORKLOAD.output_tokens}",
+        "concurrency": case.concurrency,
+        "requests": r.requests,
+        "errors": r.errors,
+        "time_scale": scale,
+        "itl_p50_ms": {"measured": r.itl_ms.p50, "modelled": m.itl_ms.p50 * scale},
+        "e2e_p50_ms": {"measured": r.e2e_ms.p50, "modelled": m.e2e_ms.p50 * scale},
+        "ttft_p50_ms": {"measured": r.ttft_ms.p50, "modelled": m.ttft_ms.p50 * scale},
+        "server_reported_p50_ms": {"e2e": r.server_e2e_ms.p50, "ttft": r.server_ttft_ms.p50},
+    }
+    for key in ("itl_p50_ms", "e2e_p50_ms", "ttft_p50_ms"):
+        out[key]["error_pct"] = pct(out[key]["measured"], out[key]["modelled"])
+    cpu = float(r.settings.get("client_cpu_s", 0.0))
+    total_tokens = r.output_tokens * (case.requests + case.warmup) / case.requests
+    out["client_overhead"] = {
+        "e2e_added_ms": r.e2e_ms.p50 - r.server_e2e_ms.p50,
+        "e2e_added_pct": pct(r.e2e_ms.p50, r.server_e2e_ms.p50),
+        "ttft_added_ms": r.ttft_ms.p50 - r.server_ttft_ms.p50,
+        "cpu_us_per_token": cpu / total_tokens * 1e6,
+        "cpu_share_of_wall_pct": cpu / r.duration_s * 100 if r.duration_s else 0.0,
+        "output_tokens_per_s": r.output_tokens_per_s,
+    }
+    return out
+
+
+def show(row: dict[str, Any]) -> None:
+    print(f"\n== {row['case']}: {row['config']}, concurrency {row['concurrency']}, "
+          f"time scale {row['time_scale']:g}")  # fmt: skip
+    print(f"   {row['requests']} requests completed, {row['errors']} errors")
+    for key, label in (
+        ("itl_p50_ms", "ITL p50"),
+        ("e2e_p50_ms", "E2E p50"),
+        ("ttft_p50_ms", "TTFT p50"),
+    ):
+        v = row[key]
+        print(f"   {label:9s} measured {v['measured']:9.2f} ms   modelled {v['modelled']:9.2f} ms"
+              f"   error {v['error_pct']:+6.2f} %")  # fmt: skip
+    o = row["client_overhead"]
+    s = row["server_reported_p50_ms"]
+    print(f"   server-reported p50: E2E {s['e2e']:.2f} ms, TTFT {s['ttft']:.2f} ms")
+    print(f"   client adds {o['e2e_added_ms']:.2f} ms to E2E p50 ({o['e2e_added_pct']:+.2f} %), "
+          f"{o['ttft_added_ms']:.2f} ms to TTFT p50")  # fmt: skip
+    print(f"   client CPU {o['cpu_us_per_token']:.1f} us per output token, "
+          f"{o['cpu_share_of_wall_pct']:.1f} % of one core; {o['output_tokens_per_s']:.0f} tok/s")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="loadgen-accuracy-") as tmp:
+        for case in CASES:
+            result = asyncio.run(measure(case, a.time_scale, Path(tmp)))
+            rows.append(report(case, a.time_scale, result))
+            if not a.json:
+                show(rows[-1])
+    if a.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        acc, ovh = rows
+        ok_acc = max(abs(acc["itl_p50_ms"]["error_pct"]), abs(acc["e2e_p50_ms"]["error_pct"])) < 5
+        ok_ovh = ovh["client_overhead"]["e2e_added_pct"] < 2
+        print(f"\naccuracy within 5 %: {'yes' if ok_acc else 'NO'}; "
+              f"client overhead under 2 % at concurrency 256: {'yes' if ok_ovh else 'NO'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""`infertune bench`, `simserver` and `render`: output formats and exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from infertune_operator.cli import app
+from infertune_operator.cli_harness import parse_config
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.errors import InputError
+from infertune_tuner.harness.runner import free_port
+from infertune_tuner.harness.simserver import SimServer, build_config
+
+
+@pytest.fixture(scope="module")
+def server_port() -> Iterator[int]:
+    """A simulated server on its own event loop in a thread (the CLI runs asyncio.run itself)."""
+    cfg = build_config(
+        model="llama-3-8b", gpu="H100-SXM-80GB", tp=1, max_batch=4, quant="fp8",
+        time_scale=0.05, host="127.0.0.1", port=0, http_port=None,
+    )  # fmt: skip
+    started = threading.Event()
+    holder: dict[str, object] = {}
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        holder["stop"], holder["loop"] = stop, asyncio.get_running_loop()
+        async with SimServer(cfg) as srv:
+            holder["port"] = srv.port
+            started.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    yield int(holder["port"])  # type: ignore[call-overload]
+    loop: asyncio.AbstractEventLoop = holder["loop"]  # type: ignore[assignment]
+    loop.call_soon_threadsafe(holder["stop"].set)  # type: ignore[attr-defined]
+    thread.join(10)
+
+
+def bench_args(port: int, *extra: str) -> list[str]:
+    return [
+        "bench", "--url", f"127.0.0.1:{port}", "--model", "llm", "--concurrency", "4",
+        "--requests", "8", "--input-tokens", "32", "--output-tokens", "4", *extra,
+    ]  # fmt: skip
+
+
+def test_bench_json(cli: CliRunner, server_port: int) -> None:
+    result = cli.invoke(app, bench_args(server_port, "--warmup", "2", "--json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["requests"], data["errors"]) == (8, 0)
+    for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
+        assert set(data[metric]) >= {"p50", "p95", "p99"}
+    assert data["output_tokens_per_s"] > 0 and data["duration_s"] > 0
+
+
+def test_bench_table(cli: CliRunner, server_port: int) -> None:
+    result = cli.invoke(app, bench_args(server_port))
+    assert result.exit_code == 0, result.output
+    for word in ("TTFT", "ITL", "E2E", "p99", "requests 8"):
+        assert word in result.stdout
+
+
+def test_bench_exits_1_when_requests_fail(cli: CliRunner, server_port: int) -> None:
+    args = bench_args(server_port, "--json")
+    args[args.index("llm")] = "nope"
+    result = cli.invoke(app, args)
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["errors"] == 8 and data["requests"] == 0 and data["error_samples"]
+
+
+def test_bench_unreachable_server_exits_2(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["bench", "--url", f"127.0.0.1:{free_port()}", "--model", "llm"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: cannot reach Triton")
+    assert "Traceback" not in result.output
+
+
+def test_bench_bad_arguments_exit_2(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["bench", "--url", "127.0.0.1:1", "--model", "m", "--requests", "0"])
+    assert result.exit_code == 2 and "error:" in result.stderr
+
+
+def test_simserver_unknown_model_exits_2(cli: CliRunner) -> None:
+    result = cli.invoke(
+        app, ["simserver", "--model", "gpt-17", "--gpu", "H100-SXM-80GB", "--max-batch", "8"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: unknown model")
+
+
+def test_simserver_weights_that_do_not_fit_exit_1_with_cuda_oom(cli: CliRunner) -> None:
+    result = cli.invoke(
+        app, ["simserver", "--model", "llama-2-70b", "--gpu", "L4-24GB", "--max-batch", "8"]
+    )
+    assert result.exit_code == 1
+    assert "CUDA out of memory" in result.stderr
+
+
+def test_render_prints_the_serving_objects(cli: CliRunner, repo: Path) -> None:
+    result = cli.invoke(
+        app,
+        ["render", str(repo / "examples/llama2-70b-h100.yaml"),
+         "--config", "tp=4,max_batch_size=64,quantization=fp8,kv_cache_dtype=fp8"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service"]
+    model_yaml = yaml.safe_load(docs[0]["data"]["model.yaml"])
+    assert model_yaml["model"] == "nvidia/Llama-2-70b-chat-hf-FP8"
+    assert model_yaml["kv_cache_config"]["dtype"] == "fp8"
+    sim = cli.invoke(
+        app,
+        ["render", str(repo / "examples/llama2-70b-h100.yaml"), "--simulated",
+         "--config", "tp=4,max_batch_size=64,quantization=fp8"],
+    )  # fmt: skip
+    assert sim.exit_code == 0, sim.output
+    (dep,) = [d for d in yaml.safe_load_all(sim.stdout) if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["command"][1] == "simserver"
+
+
+@pytest.mark.parametrize(
+    "config",
+    ["tp=2", "tp=two,max_batch_size=8,quantization=fp8", "tp=2,max_batch_size=8,quantization=q9",
+     "tp=2,max_batch_size=8,quantization=fp8,color=red", "tp=2,max_batch_size"],
+)  # fmt: skip
+def test_render_bad_config_exits_2(cli: CliRunner, repo: Path, config: str) -> None:
+    result = cli.invoke(
+        app, ["render", str(repo / "examples/llama2-70b-h100.yaml"), "--config", config]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --config")
+
+
+def test_parse_config() -> None:
+    assert parse_config("tp=2, max_batch_size=128,quantization=fp8") == TrialConfig(
+        2, 128, "fp8", "auto"
+    )
+    with pytest.raises(InputError):
+        parse_config("tp=0,max_batch_size=1,quantization=fp8")

@@ -1,0 +1,124 @@
+"""Trace -> statistics on hand-computed traces (the pure metrics module)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from infertune_tuner.harness.metrics import RequestTrace, compute, percentile, summarize
+
+
+def approx(x: float) -> object:
+    return pytest.approx(x, rel=1e-9, abs=1e-9)
+
+
+def test_percentile_interpolates_linearly_between_ranks() -> None:
+    v = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(v, 0) == 1.0
+    assert percentile(v, 50) == 2.5
+    assert percentile(v, 100) == 4.0
+    assert percentile(v, 95) == approx(3.85)
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_percentile_matches_numpy_default_method() -> None:
+    rng = random.Random(3)
+    for n in (1, 2, 5, 17, 100):
+        vals = sorted(rng.uniform(0, 100) for _ in range(n))
+        for q in (50, 95, 99):
+            assert percentile(vals, q) == approx(float(np.percentile(vals, q)))
+
+
+def test_percentile_rejects_empty_and_out_of_range() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize_none_for_no_values() -> None:
+    assert summarize([]) is None
+    s = summarize([3.0, 1.0, 2.0])
+    assert s is not None
+    assert (s.count, s.min, s.max, s.mean, s.p50) == (3, 1.0, 3.0, 2.0, 2.0)
+
+
+def test_compute_on_hand_computed_traces() -> None:
+    traces = [
+        # TTFT 100 ms, E2E 300 ms, gaps 50, 100, 50 ms, 4 tokens
+        RequestTrace(send_s=0.0, responses=(0.10, 0.15, 0.25, 0.30)),
+        # TTFT 200 ms, E2E 300 ms, gap 100 ms, 2 tokens
+        RequestTrace(send_s=1.0, responses=(1.2, 1.3)),
+        # an error: counted, not completed, no latency samples
+        RequestTrace(send_s=0.5, error="boom", end_s=0.9),
+    ]
+    r = compute(traces)
+    assert r.requests == 2
+    assert r.errors == 1
+    assert r.error_samples == ["boom"]
+    assert r.sent == 3
+    assert r.output_tokens == 6
+    assert r.ttft_ms is not None and r.itl_ms is not None and r.e2e_ms is not None
+    # TTFT [100, 200]
+    assert r.ttft_ms.p50 == approx(150.0)
+    assert r.ttft_ms.p95 == approx(195.0)
+    assert r.ttft_ms.p99 == approx(199.0)
+    # pooled gaps [50, 50, 100, 100]
+    assert r.itl_ms.count == 4
+    assert r.itl_ms.p50 == approx(75.0)
+    assert r.itl_ms.p95 == approx(100.0)
+    assert r.itl_ms.mean == approx(75.0)
+    # E2E [300, 300]
+    assert r.e2e_ms.p50 == approx(300.0)
+    assert r.e2e_ms.p99 == approx(300.0)
+    # GenAI-Perf's per-request ITL: (300-100)/3 and (300-200)/1
+    assert r.itl_mean_per_request_ms is not None
+    assert sorted([r.itl_mean_per_request_ms.min, r.itl_mean_per_request_ms.max]) == [
+        approx(200 / 3),
+        approx(100.0),
+    ]
+    # window: first send (0.0) -> last response/end (1.3)
+    assert r.duration_s == approx(1.3)
+    assert r.output_tokens_per_s == approx(6 / 1.3)
+
+
+def test_responses_carrying_several_tokens_split_their_gap() -> None:
+    t = RequestTrace(send_s=0.0, responses=(0.1, 0.2, 0.5), tokens=(2, 1, 3))
+    assert t.output_tokens == 6
+    assert t.gaps_s() == pytest.approx([0.0, 0.1, 0.1, 0.1, 0.1])
+
+
+def test_a_stream_without_output_is_an_error() -> None:
+    r = compute([RequestTrace(send_s=0.0), RequestTrace(send_s=0.0, responses=(0.2,))])
+    assert (r.requests, r.errors) == (1, 1)
+    assert r.error_samples == ["stream ended without output"]
+    assert r.itl_ms is None  # one token: no gap
+    assert r.ttft_ms is not None and r.ttft_ms.p50 == approx(200.0)
+
+
+def test_error_samples_are_distinct_and_bounded() -> None:
+    traces = [RequestTrace(send_s=0.0, error=f"e{i % 7}", end_s=0.1) for i in range(30)]
+    r = compute(traces)
+    assert r.errors == 30 and r.requests == 0
+    assert r.error_samples == ["e0", "e1", "e2", "e3", "e4"]
+    assert r.ttft_ms is None and r.output_tokens_per_s == 0.0
+
+
+def test_server_reported_times_are_summarised_when_present() -> None:
+    t = RequestTrace(send_s=0.0, responses=(0.1, 0.2), server=(0.01, 0.09, 0.19))
+    r = compute([t])
+    assert r.server_ttft_ms is not None and r.server_e2e_ms is not None
+    assert r.server_ttft_ms.p50 == approx(80.0)
+    assert r.server_e2e_ms.p50 == approx(180.0)
+
+
+def test_json_shape() -> None:
+    r = compute([RequestTrace(send_s=0.0, responses=(0.1, 0.2))], {"concurrency": 1})
+    j = r.to_json()
+    for key in ("requests", "errors", "error_samples", "output_tokens_per_s", "duration_s"):
+        assert key in j
+    for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
+        assert set(j[metric]) >= {"p50", "p95", "p99"}
+    assert j["settings"] == {"concurrency": 1}
