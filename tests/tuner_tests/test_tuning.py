@@ -159,3 +159,40 @@ def test_report_files_and_json_contract(tmp_path: Path) -> None:
     assert 'src="http' not in html and 'href="http' not in html  # self-contained
     md = paths[1].read_text()
     assert "Chosen configuration" in md and "Ruled out without GPU time" in md
+
+
+class _BrokenThenFixed:
+    """A backend whose set-up is broken (every trial errors) until `fixed` is set."""
+
+    name = "flaky"
+
+    def __init__(self, inner: SimulatedBackend) -> None:
+        self.inner = inner
+        self.fixed = False
+        self.calls: list[TrialConfig] = []
+
+    def run(self, config: TrialConfig):  # type: ignore[no-untyped-def]
+        from infertune_tuner.measurement import Measurement
+
+        self.calls.append(config)
+        if not self.fixed:
+            return Measurement.failed("error", "cannot start 'tritonserver': not found")
+        return self.inner.run(config)
+
+    def close(self) -> None:
+        pass
+
+
+def test_broken_setup_aborts_early_and_a_fixed_rerun_retries(tmp_path: Path) -> None:
+    req = request(max_trials=20)
+    backend = _BrokenThenFixed(SimulatedBackend(req, seed=0))
+    report = tune(req, backend=backend, out_dir=tmp_path)
+    assert report.best is None
+    assert report.stopped_reason.startswith("aborted")
+    assert "cannot start" in report.stopped_reason
+    assert len(backend.calls) == 3, "stops after the first three errors, not at the budget"
+    backend.fixed = True
+    backend.calls.clear()
+    again = tune(req, backend=backend, out_dir=tmp_path)
+    assert again.best is not None, "errors of an earlier run are retried once the set-up works"
+    assert all(t.state == "complete" for t in again.trials if t.executed)

@@ -12,6 +12,7 @@ from infertune_operator.cli import EXIT_INVALID, fail, user_errors
 from infertune_tuner.errors import InputError
 
 EXIT_NO_FEASIBLE = 3
+EXIT_TRIALS_FAILED = 4
 
 
 def _resolve_model(name: str):  # type: ignore[no-untyped-def]
@@ -49,7 +50,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     ) -> None:
-        """Tune a deployment locally and write report.json/md/html (exit 3 if nothing meets the SLO).
+        """Tune a deployment locally and write report.json/md/html.
+
+        Exit 0 with a feasible best, 3 when nothing meets the SLO, 4 when the trials themselves
+        keep failing (server does not start, no checkpoint), 2 on bad input.
 
         Locally the default backend is the simulated GPU pool; `--backend triton` runs real
         trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
@@ -87,6 +91,8 @@ def register(app: typer.Typer) -> None:
             f"{report.executed_trials} trials executed ({report.stopped_reason}); "
             f"report: {', '.join(str(p) for p in paths)}"
         )
+        if report.best is None and report.stopped_reason.startswith("aborted"):
+            raise fail(report.stopped_reason, EXIT_TRIALS_FAILED)
         if report.best is None:
             for nm in report.nearest_misses:
                 typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")

@@ -31,7 +31,14 @@ from infertune_tuner.result import (
     SloCheck,
     Trial,
 )
-from infertune_tuner.search import Search, executed_trials, make_sampler, open_storage, study_name
+from infertune_tuner.search import (
+    ExecutedTrial,
+    Search,
+    executed_trials,
+    make_sampler,
+    open_storage,
+    study_name,
+)
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.strategy import Known, implied_infeasible
 
@@ -67,12 +74,16 @@ def build_report(
     backend: str,
     stopped_reason: str,
     duration_s: float,
+    run: str | None = None,
 ) -> Report:
     trials: list[Trial] = []
     known = Known()
+    latest: dict[TrialConfig, ExecutedTrial] = {}
     for e in executed_trials(study):
-        if e.config in known.measured:
-            continue  # a config measured twice (parallel race) is reported once
+        if run is not None and e.measurement.status == "error" and e.run != run:
+            continue  # set-up errors of an earlier run: superseded by this run (kept in the study)
+        latest[e.config] = e  # a config retried after an earlier error is reported once, latest
+    for e in sorted(latest.values(), key=lambda e: e.number):
         known.measured[e.config] = e.measurement
         known.checks[e.config] = e.checks
         p = priors.get(e.config)
@@ -233,6 +244,7 @@ def tune(
     return build_report(
         request, space, priors, outcome.study, backend=backend_name,
         stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
+        run=search.run_id,
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +45,16 @@ log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 MAX_CONSECUTIVE_SKIPS = 25  # a sampler stuck on tried configs falls back to an untried one
+# The first trials all failing with `error` (not OOM) means the set-up is broken (server not
+# found, no checkpoint, no GPU): stop instead of burning the whole budget on the same failure.
+ABORT_AFTER_ERRORS = 3
+ABORTED = "aborted"
 ATTR_CONFIG = "config"
 ATTR_MEASUREMENT = "measurement"
 ATTR_CHECKS = "slo_checks"
 ATTR_CONSTRAINTS = "constraints"
 ATTR_SKIP = "skipped"
+ATTR_RUN = "run"
 
 
 def study_name(request: TuningRequest, backend: str) -> str:
@@ -141,6 +147,7 @@ class ExecutedTrial:
     config: TrialConfig
     measurement: Measurement
     checks: list[SloCheck]
+    run: str | None = None
 
 
 def executed_trials(study: optuna.Study) -> list[ExecutedTrial]:
@@ -153,16 +160,22 @@ def executed_trials(study: optuna.Study) -> list[ExecutedTrial]:
                     config_of(t.user_attrs[ATTR_CONFIG]),
                     measurement_from_attr(t.user_attrs[ATTR_MEASUREMENT]),
                     [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
+                    t.user_attrs.get(ATTR_RUN),
                 )
             )
     return out
 
 
-def known_from(study: optuna.Study) -> Known:
+def known_from(study: optuna.Study, run: str | None = None) -> Known:
+    """What the study knows. Trials that failed with `error` in an *earlier* run are forgotten,
+    so a re-run after fixing the set-up (server command, checkpoint) retries them; OOMs and
+    measurements are kept for good."""
     known = Known()
     for e in executed_trials(study):
-        known.measured.setdefault(e.config, e.measurement)
-        known.checks.setdefault(e.config, e.checks)
+        if run is not None and e.measurement.status == "error" and e.run != run:
+            continue
+        known.measured[e.config] = e.measurement
+        known.checks[e.config] = e.checks
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if ATTR_CONFIG in t.user_attrs:
             known.in_flight.add(config_of(t.user_attrs[ATTR_CONFIG]))
@@ -218,6 +231,7 @@ class Search:
         self.deadline = deadline
         self._shared = _Shared()
         self._ask_lock = threading.Lock()
+        self.run_id = uuid.uuid4().hex
 
     # -- resume
 
@@ -305,7 +319,7 @@ class Search:
                 self._shared.stop("timeout: spec.tuning.timeoutMinutes reached")
                 break
             with self._ask_lock:
-                known = known_from(self.study)
+                known = known_from(self.study, self.run_id)
                 if known.executed + len(known.in_flight) >= self.max_trials:
                     if not known.in_flight:
                         self._shared.stop(f"budget: maxTrials ({self.max_trials}) executed")
@@ -314,6 +328,7 @@ class Search:
                 if trial is None or cfg is None:
                     break
                 trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
+                trial.set_user_attr(ATTR_RUN, self.run_id)
                 pred = self.priors.get(cfg)
                 if pred is not None:
                     trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
@@ -324,8 +339,14 @@ class Search:
                 m = Measurement.failed("error", f"backend crashed: {exc!r}")
             with self._ask_lock:
                 checks = self._record(trial, cfg, m)
+                known = known_from(self.study, self.run_id)
                 if self.on_trial is not None:
-                    self.on_trial(cfg, m, checks, known_from(self.study))
+                    self.on_trial(cfg, m, checks, known)
+                statuses = [x.status for x in known.measured.values()]
+                if len(statuses) >= ABORT_AFTER_ERRORS and all(x == "error" for x in statuses):
+                    self._shared.stop(
+                        f"{ABORTED}: the first {len(statuses)} trials all failed; last: {m.reason}"
+                    )
 
     def run(self, backends: list[BenchmarkBackend]) -> SearchOutcome:
         if len(backends) == 1:

@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -80,6 +82,7 @@ class ServerProcess:
         cls, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
     ) -> ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = _resolve_own_script(argv)
         log = open(log_path, "wb")  # noqa: SIM115 -- closed in stop()
         try:
             popen = subprocess.Popen(
@@ -206,6 +209,16 @@ async def _drive(plan: TrialPlan, proc: ServerProcess) -> TrialOutcome:
             f"{result.errors} of {sent} requests failed: " + "; ".join(result.error_samples),
         )  # fmt: skip
     return done("ok", result, None)
+
+
+def _resolve_own_script(argv: Sequence[str]) -> list[str]:
+    """`infertune ...` runs this installation's script even when its venv is not on PATH."""
+    out = list(argv)
+    if out and out[0] == "infertune" and shutil.which("infertune") is None:
+        beside = Path(sys.executable).parent / "infertune"
+        if beside.exists():
+            out[0] = str(beside)
+    return out
 
 
 def run_trial(plan: TrialPlan) -> TrialOutcome:
