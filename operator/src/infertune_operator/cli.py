@@ -66,7 +66,9 @@ def validate(
 
     obj, problems = validate_document(find_deployment_document(file))
     if obj is None:
-        typer.echo(f"{file}: invalid ({len(problems)} problem{'s' * (len(problems) != 1)})", err=True)
+        typer.echo(
+            f"{file}: invalid ({len(problems)} problem{'s' * (len(problems) != 1)})", err=True
+        )
         for p in problems:
             typer.echo(f"  - {p}", err=True)
         raise typer.Exit(EXIT_INVALID)
@@ -78,9 +80,15 @@ def validate(
     )
 
 
-from infertune_operator.cli_tuner import register as _register_tuner  # noqa: E402
+def _register_commands() -> None:
+    """Command groups live in their own modules; each adds its commands to `app`."""
+    from infertune_operator import cli_harness, cli_operator, cli_tuner
 
-_register_tuner(app)
+    for module in (cli_tuner, cli_harness, cli_operator):
+        module.register(app)
+
+
+_register_commands()
 
 
 def main() -> None:

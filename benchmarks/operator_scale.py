@@ -1,0 +1,203 @@
+"""How fast does the operator start tuning when many InferenceDeployments arrive?
+
+The real operator runs in this process (Kopf in a background thread, the same entry point as
+`infertune operator`). The kmock API emulator of the operator tests runs in a child process,
+together with the load driver, so that the emulator's CPU is not charged to the operator (they
+would share one GIL otherwise). The driver creates N InferenceDeployments, all at once or at a
+fixed rate; the emulator notes when each tuner Job's create request arrives. Printed: p50/p95/max
+of create -> Job created, and the operator process's peak memory. Goal: p95 < 1 s for 200.
+
+    python benchmarks/operator_scale.py [--count 200] [--rate R]
+
+Without --rate it runs twice: one burst (all creates at once: worst case), then 50 creates/s
+(`kubectl apply` of a folder of manifests). --rate 0 is the burst alone.
+
+Caveat: the emulator answers in microseconds and runs no admission or etcd; a real API server
+adds a few milliseconds per request (about 9 requests per object on the path measured here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _helpers() -> ModuleType:
+    """The operator tests' emulator helpers (FakeApiServer, manifest, OperatorRunner...)."""
+    name = "infertune_bench_apiserver"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests/operator_tests/apiserver.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------ child: emulator + driver
+
+
+async def emulate(count: int, rate: float, concurrency: int, timeout: float) -> None:
+    import kmock
+
+    helpers = _helpers()
+
+    class TimedApiServer(helpers.FakeApiServer):  # type: ignore[name-defined]
+        """Notes when each tuner Job's create request arrives; keeps no request history.
+
+        kmock matches every request against its whole request history (quadratic: at ~3,000
+        requests it spends seconds per request); the benchmark never reads it, so drop it.
+        """
+
+        job_created: dict[str, float] = {}
+
+        async def _handle(self, request: Any) -> Any:
+            del self._requests[:-1]
+            if (
+                request.action == kmock.action.CREATE
+                and request.resource is not None
+                and request.resource.plural == "jobs"
+                and isinstance(request.data, dict)
+            ):
+                labels = request.data.get("metadata", {}).get("labels") or {}
+                owner = labels.get("infertune.io/deployment")
+                if owner:
+                    self.job_created.setdefault(owner, time.monotonic())
+            return await super()._handle(request)
+
+    async with TimedApiServer() as api, kmock.Server(api):
+        helpers.declare_resources(api)
+        print(helpers.api_url(api), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the operator is ready
+
+        created: dict[str, float] = {}
+        gate = asyncio.Semaphore(concurrency)
+
+        async def create_one(i: int) -> None:
+            name = f"bench-{i:04d}"
+            async with gate:
+                created[name] = time.monotonic()
+                await helpers.create(api, helpers.manifest(name))
+
+        started, cpu_started = time.monotonic(), time.process_time()
+        tasks = []
+        for i in range(count):
+            tasks.append(asyncio.create_task(create_one(i)))
+            if rate > 0:
+                await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.monotonic()))
+        await asyncio.gather(*tasks)
+        submitted = time.monotonic() - started
+        deadline = time.monotonic() + timeout
+        while len(api.job_created) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        result = {
+            "submitted_s": submitted,
+            "total_s": time.monotonic() - started,
+            "emulator_cpu_s": time.process_time() - cpu_started,
+            "latencies": [
+                api.job_created[n] - t for n, t in created.items() if n in api.job_created
+            ],
+        }
+        print(json.dumps(result), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the operator has stopped
+
+
+# ------------------------------------------------------------------ parent: the operator
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+async def measure(args: argparse.Namespace) -> int:
+    helpers = _helpers()
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--emulator", "--count", str(args.count),
+         "--rate", str(args.rate), "--concurrency", str(args.concurrency),
+         "--timeout", str(args.timeout)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        url = (await asyncio.to_thread(child.stdout.readline)).strip()
+        rss_before = _rss_mib()
+        runner = await helpers.OperatorRunner(url).start()
+        try:
+            cpu_started = time.process_time()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            line = await asyncio.to_thread(child.stdout.readline)
+            operator_cpu = time.process_time() - cpu_started
+        finally:
+            await runner.stop()
+        rss_peak = _rss_mib()
+        child.stdin.write("done\n")
+        child.stdin.flush()
+    finally:
+        child.wait(timeout=30)
+    result = json.loads(line)
+    latencies: list[float] = result["latencies"]
+    missing = args.count - len(latencies)
+    mode = "one burst" if args.rate <= 0 else f"{args.rate:g}/s"
+    print(f"operator scale: {args.count} InferenceDeployments ({mode}), operator in-process, "
+          f"kmock emulator in a child process, {os.cpu_count()} CPUs")  # fmt: skip
+    print(f"  creates submitted in {result['submitted_s']:.2f} s; "
+          f"last Job created at {result['total_s']:.2f} s")  # fmt: skip
+    if latencies:
+        ms = [v * 1000 for v in latencies]
+        print(f"  create -> Job created: p50 {_pct(ms, 50):.0f} ms, p95 {_pct(ms, 95):.0f} ms, "
+              f"max {max(ms):.0f} ms, mean {statistics.fmean(ms):.0f} ms")  # fmt: skip
+    if missing:
+        print(f"  {missing} Job(s) not created within {args.timeout:g} s")
+    n = max(1, len(latencies))
+    print(f"  CPU: operator {operator_cpu:.2f} s ({operator_cpu / n * 1000:.1f} ms/object), "
+          f"emulator + driver {result['emulator_cpu_s']:.2f} s "
+          f"({result['emulator_cpu_s'] / n * 1000:.1f} ms/object)")  # fmt: skip
+    print(f"  operator process peak RSS {rss_peak:.0f} MiB "
+          f"({rss_peak - rss_before:+.0f} MiB while reconciling)")  # fmt: skip
+    p95 = _pct(latencies, 95) if latencies else float("inf")
+    print(f"  goal p95 < 1 s: {'met' if p95 < 1.0 and not missing else 'NOT met'}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--count", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=None, help="creates per second (0: burst)")
+    parser.add_argument("--concurrency", type=int, default=32, help="concurrent create requests")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--emulator", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.emulator:
+        asyncio.run(emulate(args.count, args.rate, args.concurrency, args.timeout))
+        return 0
+    rates = [args.rate] if args.rate is not None else [0.0, 50.0]
+    for i, rate in enumerate(rates):
+        if i:
+            print()
+        asyncio.run(measure(argparse.Namespace(**{**vars(args), "rate": rate})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

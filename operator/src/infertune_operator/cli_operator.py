@@ -1,0 +1,186 @@
+"""The cluster-facing commands: `infertune operator`, `infertune tune-job`, `infertune report`.
+
+Registered on the main typer app by ``cli.py``. Kopf and the Kubernetes client are imported inside
+the commands, so `infertune tune` and friends never pay for them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from infertune_operator.k8s import Kube
+
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    from infertune_operator.cli import fail as cli_fail
+
+    return cli_fail(message, code)
+
+
+def _kube() -> Kube:
+    from infertune_operator import k8s
+
+    try:
+        return k8s.Kube.from_environment()
+    except k8s.KubeConfigError as exc:
+        raise fail(f"cannot reach a cluster: {exc}") from None
+
+
+def operator(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Namespace to watch (repeatable)."),
+    ] = None,
+    all_namespaces: Annotated[
+        bool, typer.Option("--all-namespaces", "-A", help="Watch every namespace.")
+    ] = False,
+    liveness: Annotated[
+        str, typer.Option("--liveness", help="Liveness endpoint URL ('' to disable).")
+    ] = DEFAULT_LIVENESS,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Run the operator: reconcile InferenceDeployments (tune, then deploy the winner)."""
+    import asyncio
+
+    import kopf
+
+    from infertune_operator.handlers import run_operator
+    from infertune_operator.settings import Settings
+
+    namespaces = [n for n in namespace or [] if n]
+    if all_namespaces and namespaces:
+        raise fail("give either --namespace (repeatable) or --all-namespaces, not both")
+    if not all_namespaces and not namespaces:
+        raise fail("give --namespace NS (repeatable) or --all-namespaces")
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        raise fail(f"operator settings: {exc}") from None
+    kube = _kube()
+    kopf.configure(verbose=verbose)
+    asyncio.run(
+        run_operator(
+            kube=kube,
+            settings=settings,
+            namespaces=namespaces,
+            clusterwide=all_namespaces,
+            liveness=liveness or None,
+        )
+    )
+
+
+def tune_job(
+    request: Annotated[Path, typer.Option("--request", help="TuningRequest JSON file.")],
+    report_configmap: Annotated[
+        str, typer.Option("--report-configmap", help="ConfigMap to write report.json into.")
+    ],
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="Its namespace.")],
+    owner_uid: Annotated[
+        str | None, typer.Option("--owner-uid", help="UID of the owning InferenceDeployment.")
+    ] = None,
+    tuning_hash: Annotated[
+        str | None, typer.Option("--tuning-hash", help="The spec hash this tuning is for.")
+    ] = None,
+) -> None:
+    """Run inside the tuner Job: tune the request and store the report in a ConfigMap.
+
+    Exits 0 whether or not a configuration met the SLO (the report says which); only a crash
+    fails the Job.
+    """
+    from infertune_operator import k8s, reconcile
+    from infertune_tuner.errors import InputError
+    from infertune_tuner.request import TuningRequest
+    from infertune_tuner.run import tune
+
+    try:
+        req = TuningRequest.model_validate_json(request.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{request}: no such file") from None
+    except ValueError as exc:
+        raise InputError(f"{request}: not a valid TuningRequest: {exc}") from None
+    expected = reconcile.report_configmap_name(req.name)
+    if report_configmap != expected:
+        raise InputError(f"--report-configmap must be {expected!r} for request {req.name!r}")
+    kube = _kube()
+    with tempfile.TemporaryDirectory(prefix="infertune-tune-") as tmp:
+        report = tune(req, backend=req.tuning.backend, out_dir=Path(tmp), progress=False)
+    body = reconcile.report_configmap(
+        name=req.name,
+        namespace=namespace,
+        report_json=report.to_json(),
+        th=tuning_hash,
+        owner_uid=owner_uid,
+    )
+    try:
+        created = kube.create(body)[1]
+        if not created:
+            kube.patch(k8s.CONFIGMAPS, namespace, report_configmap, body)
+    except k8s.KubeError as exc:
+        typer.echo(f"error: cannot write the report ConfigMap: {exc}", err=True)
+        raise typer.Exit(1) from None
+    verdict = (
+        f"best {report.best.config.label()}" if report.best is not None else "no feasible config"
+    )
+    typer.echo(
+        f"{req.name}: {report.executed_trials} trials, {verdict}; report in ConfigMap "
+        f"{namespace}/{report_configmap}"
+    )
+
+
+def report(
+    name: Annotated[str, typer.Argument(help="InferenceDeployment name.")],
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", "-n", help="Namespace (default: kubeconfig's).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Output folder (default ./<name>-report).")
+    ] = None,
+    open_browser: Annotated[
+        bool, typer.Option("--open", help="Open the HTML report in a browser.")
+    ] = False,
+) -> None:
+    """Fetch an InferenceDeployment's tuning report from the cluster; write JSON/Markdown/HTML."""
+    import webbrowser
+
+    from infertune_operator import k8s, reconcile
+    from infertune_tuner.run import write_report
+
+    kube = _kube()
+    ns = namespace or kube.default_namespace
+    cm_name = reconcile.report_configmap_name(name)
+    try:
+        cm = kube.get(k8s.CONFIGMAPS, ns, cm_name)
+    except k8s.KubeError as exc:
+        raise fail(f"cannot read ConfigMap {ns}/{cm_name}: {exc}") from None
+    if cm is None:
+        raise fail(
+            f"no tuning report for {name!r} in namespace {ns!r} (ConfigMap {cm_name} not found); "
+            f"is tuning finished? see `kubectl get infd {name} -n {ns}`"
+        )
+    try:
+        parsed = reconcile.parse_report(cm)
+    except ValueError as exc:
+        raise fail(f"ConfigMap {ns}/{cm_name}: {exc}") from None
+    paths = write_report(parsed, out or Path(f"{name}-report"))
+    for p in paths:
+        typer.echo(str(p))
+    if open_browser:
+        html = paths[-1].resolve()
+        if not webbrowser.open(html.as_uri()):
+            typer.echo(f"could not open a browser; open {html}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to the main app (called from ``cli.py``; imports it lazily)."""
+    from infertune_operator.cli import user_errors
+
+    app.command("operator")(operator)
+    app.command("tune-job")(user_errors(tune_job))
+    app.command("report")(user_errors(report))

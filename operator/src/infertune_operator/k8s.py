@@ -1,0 +1,360 @@
+"""The Kubernetes boundary: the only module that imports the ``kubernetes`` client.
+
+Everything else in the operator works on plain dicts (what ``kubectl get -o json`` shows) and on
+the small exception types below, so the pure core (``reconcile``, ``render``, ``api``) never sees
+the client. The client is used at its lowest level (``ApiClient`` + JSON), not through the typed
+API classes: no model (de)serialisation, one code path for every resource, CRDs included.
+
+Verbs used here, per resource (the Helm chart's ClusterRole must allow them; see
+``docs/operator.md``):
+
+================================  ==========================================================
+inferencedeployments              get
+inferencedeployments/status       patch
+jobs (batch)                      get, list, create, delete
+configmaps                        get, list, create, patch, delete
+deployments (apps)                get, create, patch
+services                          get, create, patch
+pods                              list
+pods/log                          get
+serviceaccounts                   get, create
+rolebindings (rbac)               get, create  (+ ``bind`` on the tuner ClusterRole)
+================================  ==========================================================
+
+Kopf itself additionally watches inferencedeployments, jobs and deployments (list, watch),
+patches inferencedeployments (its annotations), posts events, and reads CRDs and namespaces.
+
+The client configuration is injectable: :meth:`Kube.from_environment` (in-cluster service account
+or kubeconfig, like kubectl) for real use, :meth:`Kube.for_url` for tests against a mock server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+Body = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DEFAULT_TIMEOUT_S: tuple[float, float] = (5.0, 30.0)  # (connect, read)
+
+
+# ------------------------------------------------------------------ errors
+
+
+class KubeError(Exception):
+    """Any failed call to the Kubernetes API (or no usable client configuration)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class KubeConfigError(KubeError):
+    """No in-cluster service account and no usable kubeconfig."""
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class Forbidden(KubeError):
+    pass
+
+
+def _error(exc: ApiException, what: str) -> KubeError:
+    status = int(exc.status or 0)
+    message = f"{what}: HTTP {status} {exc.reason or ''}".strip()
+    try:
+        payload = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        payload = {}
+    if isinstance(payload, dict) and payload.get("message"):
+        message = f"{what}: {payload['message']}"
+    cls = {404: NotFound, 409: Conflict, 403: Forbidden}.get(status, KubeError)
+    return cls(message, status=status, reason=str(exc.reason or ""))
+
+
+# ------------------------------------------------------------------ resources
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name, safe='')}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+INFERENCEDEPLOYMENTS = Resource("infertune.io", "v1alpha1", "inferencedeployments")
+JOBS = Resource("batch", "v1", "jobs")
+CONFIGMAPS = Resource("", "v1", "configmaps")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+SERVICES = Resource("", "v1", "services")
+PODS = Resource("", "v1", "pods")
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
+
+BY_KIND: dict[str, Resource] = {
+    "InferenceDeployment": INFERENCEDEPLOYMENTS,
+    "Job": JOBS,
+    "ConfigMap": CONFIGMAPS,
+    "Deployment": DEPLOYMENTS,
+    "Service": SERVICES,
+    "Pod": PODS,
+    "ServiceAccount": SERVICEACCOUNTS,
+    "RoleBinding": ROLEBINDINGS,
+}
+
+
+def resource_of(body: Mapping[str, Any]) -> Resource:
+    kind = str(body.get("kind", ""))
+    try:
+        return BY_KIND[kind]
+    except KeyError:
+        raise KubeError(f"unsupported kind {kind!r}") from None
+
+
+def labels_match(body: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = body.get("metadata", {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+# ------------------------------------------------------------------ client
+
+
+class Kube:
+    """A thin, thread-safe JSON client for the handful of calls the operator makes."""
+
+    def __init__(self, api_client: k8s_client.ApiClient, default_namespace: str = "default"):
+        self._api = api_client
+        self.default_namespace = default_namespace
+        self.timeout = DEFAULT_TIMEOUT_S
+
+    # ---- construction
+
+    @classmethod
+    def for_url(cls, url: str, *, token: str | None = None, verify_ssl: bool = False) -> Kube:
+        """A client for one API server URL (tests, port-forwards, mock servers)."""
+        cfg = _configuration()
+        cfg.host = url.rstrip("/")
+        cfg.verify_ssl = verify_ssl
+        if token:
+            cfg.api_key = {"authorization": token}
+            cfg.api_key_prefix = {"authorization": "Bearer"}
+        return cls(k8s_client.ApiClient(cfg))
+
+    @classmethod
+    def from_environment(cls, *, context: str | None = None) -> Kube:
+        """In a pod: its service account. Elsewhere: the kubeconfig (KUBECONFIG or ~/.kube)."""
+        cfg = _configuration()
+        try:
+            k8s_config.load_incluster_config(client_configuration=cfg)
+            namespace = _read_text(SA_NAMESPACE_FILE) or "default"
+        except ConfigException:
+            try:
+                k8s_config.load_kube_config(
+                    config_file=_kubeconfig_path(), context=context, client_configuration=cfg
+                )
+            except (ConfigException, OSError, TypeError, ValueError) as exc:
+                raise KubeConfigError(
+                    f"no in-cluster service account and no usable kubeconfig ({exc})"
+                ) from None
+            namespace = _kubeconfig_namespace(context)
+        return cls(k8s_client.ApiClient(cfg), default_namespace=namespace)
+
+    def close(self) -> None:
+        self._api.close()
+
+    # ---- raw calls
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+        what: str,
+        raw: bool = False,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            serialized = self._api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query or None,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api(*serialized, _request_timeout=self.timeout)
+            data = response.read()
+        except ApiException as exc:
+            raise _error(exc, what) from None
+        except Exception as exc:  # urllib3 connection errors and the like
+            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from None
+        if not 200 <= response.status <= 299:
+            raise _error(ApiException(status=response.status, reason=response.reason,
+                                      body=data.decode("utf-8", "replace")), what)  # fmt: skip
+        if raw:
+            return data.decode("utf-8", "replace")
+        return json.loads(data) if data else {}
+
+    # ---- CRUD on plain dicts
+
+    def get(self, res: Resource, namespace: str | None, name: str) -> Body | None:
+        """The object, or None when it does not exist."""
+        try:
+            result: Body = self._call(
+                "GET", res.path(namespace, name), what=f"get {res.plural}/{name}"
+            )
+        except NotFound:
+            return None
+        return result
+
+    def list(
+        self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[Body]:
+        query = [("labelSelector", _selector(labels))] if labels else None
+        result = self._call("GET", res.path(namespace), query=query, what=f"list {res.plural}")
+        items: list[Body] = list(result.get("items") or [])
+        # The server filters already; filtering again keeps us honest with servers that don't.
+        return [i for i in items if labels_match(i, labels or {})]
+
+    def create(self, body: Body) -> tuple[Body, bool]:
+        """Create; on 409 AlreadyExists adopt the existing object. Returns (object, created)."""
+        res = resource_of(body)
+        meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace"), meta.get("name", "")
+        try:
+            created: Body = self._call(
+                "POST", res.path(namespace), body=body, what=f"create {res.plural}/{name}"
+            )
+            return created, True
+        except Conflict:
+            existing = self.get(res, namespace, name)
+            if existing is None:  # deleted in between: let the caller retry
+                raise
+            return existing, False
+
+    def patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        patch: Body,
+        *,
+        subresource: str = "",
+    ) -> Body:
+        """JSON merge patch (RFC 7386): dicts merge, lists and scalars replace, null deletes."""
+        path = res.path(namespace, name, subresource)
+        what = f"patch {res.plural}/{name}{'/' + subresource if subresource else ''}"
+        result: Body = self._call("PATCH", path, body=patch, content_type=MERGE_PATCH, what=what)
+        return result
+
+    def delete(self, res: Resource, namespace: str | None, name: str) -> bool:
+        """Delete with background propagation (a Job takes its pods along). False if absent."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            self._call(
+                "DELETE", res.path(namespace, name), body=body, what=f"delete {res.plural}/{name}"
+            )
+        except NotFound:
+            return False
+        return True
+
+    def pod_log_tail(self, namespace: str, pod: str, container: str, lines: int = 5) -> str:
+        query = [("container", container), ("tailLines", str(lines))]
+        text: str = self._call(
+            "GET", PODS.path(namespace, pod, "log"), query=query, raw=True, what=f"logs of {pod}"
+        )
+        return text
+
+    # ---- composite helpers
+
+    def apply(self, desired: Body) -> Body:
+        """Create, or merge-patch the whole desired object onto the live one."""
+        res = resource_of(desired)
+        meta = desired["metadata"]
+        live = self.get(res, meta.get("namespace"), meta["name"])
+        if live is None:
+            obj, created = self.create(desired)
+            if created:
+                return obj
+        return self.patch(res, meta.get("namespace"), meta["name"], desired)
+
+    def ensure(self, body: Body) -> bool:
+        """Get-or-create (for shared objects the operator never changes). True if created."""
+        res = resource_of(body)
+        meta = body["metadata"]
+        if self.get(res, meta.get("namespace"), meta["name"]) is not None:
+            return False
+        _, created = self.create(body)
+        return created
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _configuration() -> k8s_client.Configuration:
+    cfg = k8s_client.Configuration()
+    cfg.connection_pool_maxsize = 32  # Kopf runs sync handlers on up to 16 threads
+    return cfg
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def _kubeconfig_path() -> str:
+    # Read now, not at import time as the client does (the environment may have changed since).
+    return os.environ.get("KUBECONFIG") or "~/.kube/config"
+
+
+def _kubeconfig_namespace(context: str | None) -> str:
+    try:
+        contexts, active = k8s_config.list_kube_config_contexts(config_file=_kubeconfig_path())
+    except (ConfigException, OSError, TypeError, ValueError):
+        return "default"
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
+    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")

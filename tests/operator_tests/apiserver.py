@@ -1,0 +1,409 @@
+"""Helpers: the operator against kmock: a stateful Kubernetes API emulator on a local port.
+
+``FakeApiServer`` adds the bits of a real API server the operator's flow leans on and kmock
+leaves out: uid / resourceVersion / generation / creationTimestamp on writes, names for
+``generateName``, and the status subresource split (a ``/status`` patch changes only status,
+a main-resource patch never does). No controllers run: tests play the Job controller and the
+Deployment controller by patching status (and play the tuner by running `infertune tune-job`).
+
+The operator runs for real (``kopf.operator``) in a background thread with its own event loop;
+Kopf logs in through a custom login handler, k8s.py through ``Kube.for_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+import kopf
+from kmock._internal import enums
+from kmock._internal.k8s import KubernetesError
+
+from infertune_operator.k8s import Kube
+from infertune_operator.settings import Settings
+
+NS = "team-a"
+IDF_PATH = "infertune.io/v1alpha1/inferencedeployments"
+
+RESOURCES: dict[str, dict[str, Any]] = {
+    IDF_PATH: {"kind": "InferenceDeployment", "subresources": {"status"}},
+    "batch/v1/jobs": {"kind": "Job", "subresources": {"status"}},
+    "apps/v1/deployments": {"kind": "Deployment", "subresources": {"status"}},
+    "v1/configmaps": {"kind": "ConfigMap"},
+    "v1/services": {"kind": "Service", "subresources": {"status"}},
+    "v1/pods": {"kind": "Pod", "subresources": {"status", "log"}},
+    "v1/serviceaccounts": {"kind": "ServiceAccount"},
+    "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding"},
+    "v1/events": {"kind": "Event"},
+    "v1/namespaces": {"kind": "Namespace", "namespaced": False},
+    "apiextensions.k8s.io/v1/customresourcedefinitions": {
+        "kind": "CustomResourceDefinition",
+        "namespaced": False,
+    },
+}
+VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
+
+SETTINGS = Settings(
+    operator_image="infertune/operator:test",
+    tuner_image="infertune/tuner:test",
+    default_backend="triton",
+    job_backoff_limit=2,
+)
+
+
+class FakeApiServer(kmock.KubernetesEmulator):
+    """kmock's emulator plus server-assigned metadata and the status subresource split."""
+
+    _rv = itertools.count(1000)
+
+    async def _handle(self, request: Any) -> Any:
+        data = request.data
+        if request.resource is not None and isinstance(data, dict):
+            if request.action == enums.action.CREATE:
+                self._on_create(data)
+            elif request.action == enums.action.UPDATE:
+                self._on_update(request, data)
+        elif request.action == enums.action.UPDATE and isinstance(data, list):  # JSON patch
+            data.append({"op": "replace", "path": "/metadata/resourceVersion",
+                         "value": str(next(self._rv))})  # fmt: skip
+        return await super()._handle(request)
+
+    async def _render_error(self, exc: Exception) -> Any:
+        # A failed JSON-patch "test" (Kopf's optimistic concurrency) is 422 on a real server.
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed):
+            exc = KubernetesError(status=422, reason="Invalid", message=str(exc))
+        if isinstance(exc, KubernetesError) and not exc.details:
+            # kmock would attach a formatted traceback (slow: it stats every cached source file).
+            exc = attrs.evolve(exc, details={"causes": []})
+        return await super()._render_error(exc)
+
+    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
+        # kmock scans every stored object for every request (O(n) per request); a named,
+        # strict lookup is one dict access. Anything else keeps kmock's own scan.
+        if strict and request.name is not None:
+            try:
+                return [self.objects[request.resource, request.namespace, request.name]]
+            except KeyError:
+                return []
+        return super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[misc]
+
+    def _on_create(self, data: dict[str, Any]) -> None:
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta["resourceVersion"] = str(next(self._rv))
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    def _on_update(self, request: Any, data: dict[str, Any]) -> None:
+        if request.subresource == "status":
+            for key in [k for k in data if k != "status"]:
+                del data[key]
+        else:
+            data.pop("status", None)
+            if "spec" in data:
+                data.setdefault("metadata", {})["generation"] = self._generation(request) + 1
+        data.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
+
+    def _generation(self, request: Any) -> int:
+        try:
+            obj = self.objects[request.resource, request.namespace, request.name]
+            return int(obj.get("metadata", {}).get("generation") or 1)
+        except (KeyError, ValueError):
+            return 1
+
+
+# ------------------------------------------------------------------ reading the emulator's state
+
+
+def objects(api: FakeApiServer, plural: str, namespace: str | None = NS) -> list[dict[str, Any]]:
+    out = []
+    for (res, ns, _), obj in list(api.objects.items()):
+        if res.plural == plural and (namespace is None or ns == namespace) and not obj.deleted:
+            out.append(obj.raw)
+    return out
+
+
+def get(api: FakeApiServer, plural: str, name: str, namespace: str = NS) -> dict[str, Any] | None:
+    return next((o for o in objects(api, plural, namespace) if o["metadata"]["name"] == name), None)
+
+
+def events_for(api: FakeApiServer, name: str) -> list[dict[str, Any]]:
+    return [
+        e for e in objects(api, "events") if (e.get("involvedObject") or {}).get("name") == name
+    ]
+
+
+def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return dict(c)
+    return {}
+
+
+def creations(api: FakeApiServer, plural: str) -> int:
+    return sum(
+        1
+        for r in api
+        if r.action == enums.action.CREATE
+        and r.resource is not None
+        and r.resource.plural == plural
+    )
+
+
+async def wait_for(
+    probe: Callable[[], Any], *, timeout: float = 10.0, what: str = "condition"
+) -> Any:
+    """Poll until probe() returns something truthy; fail with the last value after timeout."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
+
+
+@dataclass
+class OperatorRunner:
+    """The real operator (kopf.operator) in a thread with its own event loop."""
+
+    url: str
+    settings: Settings = SETTINGS
+    resync_interval: float = 60.0
+    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _ready: threading.Event = field(default_factory=threading.Event)
+    errors: list[BaseException] = field(default_factory=list)
+
+    def _login(self, **_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=self.url, insecure=True)
+
+    def _main(self) -> None:
+        from infertune_operator.handlers import run_operator
+
+        try:
+            asyncio.run(
+                run_operator(
+                    kube=Kube.for_url(self.url),
+                    settings=self.settings,
+                    clusterwide=True,
+                    login=self._login,
+                    resync_interval=self.resync_interval,
+                    stop_flag=self._stop,
+                    ready_flag=self._ready,
+                )
+            )
+        except BaseException as exc:  # surfaced by stop()
+            self.errors.append(exc)
+
+    async def start(self) -> OperatorRunner:
+        self._stop, self._ready = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._main, name="operator", daemon=True)
+        self._thread.start()
+        ok = await asyncio.to_thread(self._ready.wait, 10)
+        assert ok, "the operator did not start within 10 s"
+        return self
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 15)
+        assert not self._thread.is_alive(), "the operator did not stop within 15 s"
+        self._thread = None
+        assert not self.errors, f"the operator crashed: {self.errors!r}"
+
+
+# ------------------------------------------------------------------ manifests
+
+
+def manifest(name: str = "llm", **overrides: Any) -> dict[str, Any]:
+    """A small simulated-backend InferenceDeployment (real tuning takes well under a second)."""
+    spec: dict[str, Any] = {
+        "model": {"name": "llama-3-8b"},
+        "gpu": {"product": "L4-24GB", "maxGpusPerReplica": 2},
+        "workload": {"inputTokens": 512, "outputTokens": 128},
+        "slo": {"e2eLatencyMs": {"p95": 20000}},
+        "search": {
+            "tensorParallel": [1, 2],
+            "maxBatchSize": [4, 8, 16],
+            "quantization": ["fp8"],
+            "kvCacheDtype": ["auto"],
+        },
+        "tuning": {"backend": "simulated", "maxTrials": 6, "seed": 1},
+    }
+    for key, value in overrides.items():
+        spec[key] = value
+    return {
+        "apiVersion": "infertune.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": str(uuid.uuid4()),
+            "resourceVersion": "1",
+            "generation": 1,
+        },
+        "spec": spec,
+    }
+
+
+async def create(api: FakeApiServer, body: dict[str, Any]) -> dict[str, Any]:
+    return await post(api, "inferencedeployments", body)
+
+
+GROUP_VERSIONS = {
+    "inferencedeployments": "/apis/infertune.io/v1alpha1",
+    "jobs": "/apis/batch/v1",
+    "deployments": "/apis/apps/v1",
+    "rolebindings": "/apis/rbac.authorization.k8s.io/v1",
+}
+
+
+def collection_path(plural: str, namespace: str = NS) -> str:
+    return f"{GROUP_VERSIONS.get(plural, '/api/v1')}/namespaces/{namespace}/{plural}"
+
+
+def path_of(plural: str, name: str, namespace: str = NS, sub: str = "") -> str:
+    return f"{collection_path(plural, namespace)}/{name}" + (f"/{sub}" if sub else "")
+
+
+async def patch(
+    api: FakeApiServer, plural: str, name: str, body: dict[str, Any], sub: str = ""
+) -> dict[str, Any]:
+    async with api.patch(path_of(plural, name, sub=sub), json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+async def post(api: FakeApiServer, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with api.post(collection_path(plural), json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+async def delete(api: FakeApiServer, plural: str, name: str) -> None:
+    async with api.delete(path_of(plural, name)) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def start_operator(
+    api: FakeApiServer, settings: Settings = SETTINGS, *, resync_interval: float = 60.0
+) -> OperatorRunner:
+    return await OperatorRunner(api_url(api), settings, resync_interval).start()
+
+
+def declare_resources(handler: FakeApiServer) -> None:
+    for path, info in RESOURCES.items():
+        handler.resources[path] = kmock.ResourceInfo(
+            kind=info["kind"],
+            namespaced=info.get("namespaced", True),
+            verbs=VERBS,
+            subresources=info.get("subresources", set()),
+        )
+
+
+def api_url(api: FakeApiServer) -> str:
+    return str(api.url).rstrip("/")
+
+
+# ------------------------------------------------------------------ playing the controllers
+
+
+async def run_tuner(api: FakeApiServer, job: dict[str, Any], workdir: Path) -> str:
+    """Play the kubelet: run the Job's own command (`infertune tune-job ...`) as a process.
+
+    Needs the ``kubeconfig`` fixture: the command talks to the emulator as a pod would talk to
+    its API server. Only the request file path differs (the pod mounts the ConfigMap).
+    """
+    pod = job["spec"]["template"]["spec"]
+    command = list(pod["containers"][0]["command"])
+    assert command[:2] == ["infertune", "tune-job"], command
+    cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
+    cm = get(api, "configmaps", cm_name)
+    assert cm is not None, f"request ConfigMap {cm_name} missing"
+    request_file = workdir / f"{cm_name}.json"
+    request_file.write_text(cm["data"]["request.json"], encoding="utf-8")
+    command[0] = str(Path(sys.executable).with_name("infertune"))
+    command[command.index("--request") + 1] = str(request_file)
+    proc = await asyncio.create_subprocess_exec(
+        *command,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "KUBECONFIG": os.environ["KUBECONFIG"]},
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, out.decode()
+    return out.decode()
+
+
+async def start_job(api: FakeApiServer, name: str) -> None:
+    """Play the Job controller and the kubelet: the tuner pod is running."""
+    status = {"active": 1, "ready": 1, "startTime": "2026-01-01T00:00:00Z"}
+    await patch(api, "jobs", name, {"status": status}, sub="status")
+
+
+async def finish_job(api: FakeApiServer, name: str, *, succeeded: bool = True) -> None:
+    """Play the Job controller: mark the Job Complete (or Failed after its retries)."""
+    if succeeded:
+        status = {"succeeded": 1, "active": 0,
+                  "conditions": [{"type": "Complete", "status": "True"}]}  # fmt: skip
+    else:
+        status = {
+            "failed": 3,
+            "active": 0,
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit",
+                }
+            ],
+        }
+    await patch(api, "jobs", name, {"status": status}, sub="status")
+
+
+async def make_available(api: FakeApiServer, name: str, replicas: int) -> None:
+    """Play the Deployment controller: report `replicas` updated, available replicas."""
+    live = get(api, "deployments", name)
+    assert live is not None
+    status = {
+        "observedGeneration": live["metadata"].get("generation", 1),
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+    }
+    await patch(api, "deployments", name, {"status": status}, sub="status")
+
+
+def jobs_of(api: FakeApiServer, name: str) -> list[dict[str, Any]]:
+    return [
+        j
+        for j in objects(api, "jobs")
+        if (j["metadata"].get("labels") or {}).get("infertune.io/deployment") == name
+    ]
+
+
+def phase(api: FakeApiServer, name: str) -> str | None:
+    obj = get(api, "inferencedeployments", name)
+    return ((obj or {}).get("status") or {}).get("phase")

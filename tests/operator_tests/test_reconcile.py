@@ -1,0 +1,481 @@
+"""Unit tests of the pure reconcile decisions (no API server, no Kopf)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from infertune_operator import reconcile
+from infertune_operator.settings import Settings
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.result import Report
+
+from .apiserver import NS, manifest
+
+SETTINGS = Settings(operator_image="op:1", tuner_image="tuner:1", default_backend="triton")
+
+
+def _body(name: str = "llm", **spec: Any) -> dict[str, Any]:
+    body = manifest(name, **spec)
+    body["metadata"]["uid"] = "0000-uid"
+    return body
+
+
+def _obj(body: dict[str, Any]) -> Any:
+    obj, problems = reconcile.validate(body)
+    assert obj is not None, problems
+    return obj
+
+
+def _gpu_body(**overrides: Any) -> dict[str, Any]:
+    tuning = {"backend": "triton", "maxTrials": 10}
+    return _body(
+        gpu={"product": "H100-SXM-80GB", "maxGpusPerReplica": 4},
+        search={"tensorParallel": [1, 2, 4, 8], "maxBatchSize": [8, 16]},
+        tuning=tuning,
+        **overrides,
+    )
+
+
+# ------------------------------------------------------------------ the tuning hash
+
+
+def test_hash_is_stable_short_and_ignores_key_order() -> None:
+    spec = _body()["spec"]
+    reordered = json.loads(json.dumps(spec, sort_keys=True))
+    reordered = dict(reversed(list(reordered.items())))
+    h = reconcile.tuning_hash(spec, SETTINGS)
+    assert len(h) == 8 and all(c in "0123456789abcdef" for c in h)
+    assert reconcile.tuning_hash(reordered, SETTINGS) == h
+    assert reconcile.tuning_hash(copy.deepcopy(spec), SETTINGS) == h
+
+
+@pytest.mark.parametrize(
+    "section, change",
+    [
+        ("model", {"name": "llama-3-70b"}),
+        ("gpu", {"product": "H100-SXM-80GB", "maxGpusPerReplica": 2}),
+        ("gpu", {"product": "L4-24GB", "maxGpusPerReplica": 2, "nodeSelector": {"pool": "b"}}),
+        ("workload", {"inputTokens": 1024, "outputTokens": 128}),
+        ("slo", {"e2eLatencyMs": {"p95": 15000}}),
+        ("search", {"tensorParallel": [1]}),
+        ("tuning", {"backend": "simulated", "maxTrials": 7, "seed": 1}),
+    ],
+)
+def test_tuning_relevant_sections_change_the_hash(section: str, change: dict[str, Any]) -> None:
+    spec = _body()["spec"]
+    changed = {**spec, section: change}
+    assert reconcile.tuning_hash(changed, SETTINGS) != reconcile.tuning_hash(spec, SETTINGS)
+
+
+def test_serving_changes_do_not_change_the_hash() -> None:
+    spec = _body()["spec"]
+    served = {**spec, "serving": {"replicas": 5, "image": "my/triton:1", "resources": {}}}
+    assert reconcile.tuning_hash(served, SETTINGS) == reconcile.tuning_hash(spec, SETTINGS)
+
+
+def test_operator_defaults_count_only_when_the_spec_leaves_them_unset() -> None:
+    spec = _body()["spec"]
+    unset = {**spec, "tuning": {}}
+    other_default = Settings(default_backend="simulated", default_max_trials=40)
+    assert reconcile.tuning_hash(unset, SETTINGS) != reconcile.tuning_hash(unset, other_default)
+    # spec.tuning sets backend and maxTrials: the defaults do not matter (storage still does)
+    assert reconcile.tuning_hash(spec, SETTINGS) == reconcile.tuning_hash(
+        spec, Settings(default_backend="simulated", default_max_trials=3)
+    )
+    with_storage = Settings(tuner_storage="postgresql://db/optuna")
+    assert reconcile.tuning_hash(spec, SETTINGS) != reconcile.tuning_hash(spec, with_storage)
+
+
+# ------------------------------------------------------------------ names
+
+
+def test_derived_names_fit_kubernetes_limits_for_the_longest_valid_name() -> None:
+    name = "a" * 48  # the models' cap
+    body = _body(name)
+    obj = _obj(body)
+    th = reconcile.tuning_hash(body["spec"], SETTINGS)
+    job = reconcile.tuner_job(obj, body, th, SETTINGS)
+    assert len(job["metadata"]["name"]) <= 63
+    for value in job["metadata"]["labels"].values():
+        assert len(value) <= 63
+    assert len(reconcile.report_configmap_name(name)) <= 63
+    assert len(reconcile.request_configmap_name(name, th)) <= 253
+
+
+# ------------------------------------------------------------------ validation
+
+
+def test_validation_reports_every_schema_problem_with_its_path() -> None:
+    body = _body(workload={"inputTokens": 0, "outputTokens": -1})
+    obj, problems = reconcile.validate(body)
+    assert obj is None
+    assert any(p.startswith("spec.workload.inputTokens") for p in problems)
+    assert any(p.startswith("spec.workload.outputTokens") for p in problems)
+
+
+def test_validation_checks_the_catalogs_and_ignores_server_metadata() -> None:
+    body = _body(gpu={"product": "Z100"})
+    body["metadata"].update(
+        {"managedFields": [{"manager": "kubectl"}], "finalizers": ["x"], "annotations": {}}
+    )
+    body["status"] = {"phase": "Weird", "kopf": {"progress": {}}}
+    obj, problems = reconcile.validate(body)
+    assert obj is None
+    assert problems and problems[0].startswith("spec.gpu.product")
+
+
+# ------------------------------------------------------------------ the tuner Job
+
+
+def test_gpu_job_requests_the_largest_tp_that_fits_one_node() -> None:
+    body = _gpu_body()
+    obj = _obj(body)
+    assert reconcile.tuner_gpus(obj) == 4  # 8 is in the space but maxGpusPerReplica is 4
+    job = reconcile.tuner_job(obj, body, "abcd1234", SETTINGS)
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == SETTINGS.tuner_image
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["serviceAccountName"] == SETTINGS.tuner_service_account
+    assert pod["restartPolicy"] == "Never"
+    assert job["spec"]["backoffLimit"] == SETTINGS.job_backoff_limit
+    assert "activeDeadlineSeconds" not in job["spec"]
+
+
+def test_gpu_job_keeps_the_users_node_selector_and_tolerations() -> None:
+    body = _gpu_body()
+    body["spec"]["gpu"]["nodeSelector"] = {"pool": "inference"}
+    body["spec"]["gpu"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    pod = reconcile.tuner_job(_obj(body), body, "abcd1234", SETTINGS)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["pool"] == "inference"
+    assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
+
+
+def test_simulated_job_runs_on_the_operator_image_without_gpus() -> None:
+    body = _body()
+    body["spec"]["gpu"]["nodeSelector"] = {"pool": "gpu"}
+    job = reconcile.tuner_job(_obj(body), body, "abcd1234", SETTINGS)
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == SETTINGS.operator_image
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_simulated_by_operator_default_when_the_spec_leaves_backend_unset() -> None:
+    body = _body(tuning={"maxTrials": 5})
+    simulated = Settings(operator_image="op:1", default_backend="simulated")
+    job = reconcile.tuner_job(_obj(body), body, "abcd1234", simulated)
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "op:1"
+
+
+def test_job_command_labels_owner_and_deadline() -> None:
+    body = _body(tuning={"backend": "simulated", "timeoutMinutes": 30})
+    job = reconcile.tuner_job(_obj(body), body, "abcd1234", SETTINGS)
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == [
+        "infertune", "tune-job", "--request", "/config/request.json",
+        "--report-configmap", "llm-tuning-report", "--namespace", NS,
+        "--owner-uid", "0000-uid", "--tuning-hash", "abcd1234",
+    ]  # fmt: skip
+    assert job["metadata"]["labels"]["infertune.io/deployment"] == "llm"
+    assert job["metadata"]["labels"]["infertune.io/tuning-hash"] == "abcd1234"
+    assert job["spec"]["template"]["metadata"]["labels"]["infertune.io/tuning-hash"] == "abcd1234"
+    owner = job["metadata"]["ownerReferences"][0]
+    assert owner == {
+        "apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment", "name": "llm",
+        "uid": "0000-uid", "controller": True, "blockOwnerDeletion": True,
+    }  # fmt: skip
+    assert job["spec"]["activeDeadlineSeconds"] == 30 * 60 + reconcile.JOB_DEADLINE_GRACE_S
+
+
+def test_request_configmap_holds_the_tuning_request_with_operator_defaults() -> None:
+    body = _body(tuning={})
+    cm = reconcile.request_configmap(_obj(body), body, "abcd1234", SETTINGS)
+    request = TuningRequest.model_validate_json(cm["data"]["request.json"])
+    assert request.tuning.backend == "triton" and request.tuning.max_trials == 40
+    assert cm["metadata"]["name"] == "llm-tune-abcd1234-request"
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "0000-uid"
+
+
+def test_superseded_objects_are_the_other_hashes() -> None:
+    objs = [
+        {"metadata": {"name": "a", "labels": {reconcile.LABEL_HASH: "old"}}},
+        {"metadata": {"name": "b", "labels": {reconcile.LABEL_HASH: "new"}}},
+        {"metadata": {"name": "c", "labels": {}}},
+    ]
+    assert reconcile.superseded(objs, "new") == ["a"]
+
+
+# ------------------------------------------------------------------ Job and pod outcome
+
+
+@pytest.mark.parametrize(
+    "status, state",
+    [
+        ({}, "pending"),
+        ({"active": 1, "ready": 0}, "pending"),  # the pod waits (scheduling, image pull)
+        ({"active": 1, "ready": 1}, "running"),
+        ({"active": 1}, "running"),  # clusters without .status.ready
+        ({"succeeded": 1}, "succeeded"),
+        ({"conditions": [{"type": "Complete", "status": "True"}]}, "succeeded"),
+        ({"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]},
+         "failed"),
+        ({"failed": 3}, "failed"),  # backoffLimit 2: three failed pods
+        ({"failed": 2, "active": 1}, "running"),
+    ],
+)  # fmt: skip
+def test_job_outcome(status: dict[str, Any], state: str) -> None:
+    job = {"spec": {"backoffLimit": 2}, "status": status}
+    assert reconcile.job_outcome(job).state == state
+
+
+def test_pod_failure_picks_the_latest_failed_container() -> None:
+    pods = [
+        {"metadata": {"name": "p1"}, "status": {"containerStatuses": [{"name": "tuner", "state": {
+            "terminated": {"reason": "Error", "exitCode": 1, "finishedAt": "2026-01-01T00:00:00Z"}
+        }}]}},
+        {"metadata": {"name": "p2"}, "status": {"containerStatuses": [{"name": "tuner", "state": {
+            "terminated": {"reason": "OOMKilled", "exitCode": 137,
+                           "finishedAt": "2026-01-01T00:05:00Z"}
+        }}]}},
+    ]  # fmt: skip
+    failure = reconcile.pod_failure(pods)
+    assert failure is not None and failure.pod == "p2" and failure.reason == "OOMKilled"
+    message = reconcile.job_failure_message(
+        "j", reconcile.JobOutcome("failed", "BackoffLimitExceeded"), failure, ""
+    )
+    assert "OOMKilled" in message and "exit code 137" in message and "memory" in message
+    assert "kubectl logs job/j" in message
+
+
+def test_job_failure_message_without_pods_uses_the_job_reason_and_logs() -> None:
+    outcome = reconcile.JobOutcome("failed", "DeadlineExceeded", "Job was active longer")
+    message = reconcile.job_failure_message("j", outcome, None, "a\nb\nTraceback: boom\n")
+    assert "DeadlineExceeded" in message and "timeoutMinutes" in message
+    assert "Traceback: boom" in message
+
+
+def test_pod_waiting_reason_explains_a_pending_tuner() -> None:
+    unschedulable = {
+        "metadata": {"name": "p1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+        }]},
+    }  # fmt: skip
+    pulling = {
+        "metadata": {"name": "p2", "creationTimestamp": "2026-01-01T00:01:00Z"},
+        "status": {"containerStatuses": [{"name": "tuner", "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": "Back-off pulling image tuner:1",
+        }}}]},
+    }  # fmt: skip
+    assert "Insufficient nvidia.com/gpu" in (reconcile.pod_waiting_reason([unschedulable]) or "")
+    assert reconcile.pod_waiting_reason([unschedulable, pulling]) == (
+        "pod p2: ImagePullBackOff: Back-off pulling image tuner:1"
+    )
+    assert reconcile.pod_waiting_reason([]) is None
+    t = reconcile.tuning_pending("j", "pod p1 cannot be scheduled: x", None)
+    assert t.phase == "Pending" and t.conditions["Tuned"].reason == "TuningPending"
+    assert "cannot be scheduled" in t.message
+
+
+def test_evicted_pods_count_as_failures() -> None:
+    pods = [{"metadata": {"name": "p"}, "status": {"phase": "Failed", "reason": "Evicted",
+                                                    "message": "low on memory"}}]  # fmt: skip
+    failure = reconcile.pod_failure(pods)
+    assert failure is not None and failure.reason == "Evicted"
+
+
+# ------------------------------------------------------------------ the report ConfigMap
+
+
+def _report(feasible: bool = True) -> Report:
+    from infertune_operator.api.to_request import to_request
+    from infertune_tuner.run import tune
+
+    body = _body(slo={"e2eLatencyMs": {"p95": 20000 if feasible else 10}})
+    return tune(to_request(_obj(body)), backend="simulated", out_dir=_tmp())
+
+
+def _tmp() -> Any:
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp(prefix="infertune-test-"))
+
+
+def test_report_configmap_round_trips_plain_and_gzipped() -> None:
+    report = _report()
+    small = reconcile.report_configmap(
+        name="llm", namespace=NS, report_json=report.to_json(), th="abcd1234", owner_uid="u"
+    )
+    assert "report.json" in small["data"] and small["binaryData"] is None
+    assert reconcile.configmap_hash(small) == "abcd1234"
+    assert reconcile.parse_report(small) == report
+    assert small["metadata"]["ownerReferences"][0]["uid"] == "u"
+    assert "blockOwnerDeletion" not in small["metadata"]["ownerReferences"][0]
+
+    big_json = report.to_json().replace(
+        '"request": {', '"request": {"padding": "' + "x" * 950_000 + '", ', 1
+    )
+    big = reconcile.report_configmap(
+        name="llm", namespace=NS, report_json=big_json, th="abcd1234", owner_uid=None
+    )
+    assert big["data"] is None and "report.json.gz" in big["binaryData"]
+    assert len(big["binaryData"]["report.json.gz"]) < 900 * 1024
+    assert reconcile.report_text(big) == big_json
+
+
+def test_parse_report_rejects_what_is_not_a_report() -> None:
+    with pytest.raises(ValueError, match="neither"):
+        reconcile.parse_report({"metadata": {"name": "x"}, "data": {}})
+    with pytest.raises(ValueError, match="not a valid infertune report"):
+        reconcile.parse_report({"data": {"report.json": '{"schema": "nope"}'}})
+
+
+# ------------------------------------------------------------------ status and conditions
+
+
+def test_conditions_keep_their_transition_time_while_the_status_holds() -> None:
+    first = reconcile.set_conditions(
+        None, {"Tuned": reconcile.Cond("False", "TuningStarted", "a")}, generation=1, now="t1"
+    )
+    same = reconcile.set_conditions(
+        first, {"Tuned": reconcile.Cond("False", "TuningStarted", "b")}, generation=2, now="t2"
+    )
+    moved = reconcile.set_conditions(
+        same, {"Tuned": reconcile.Cond("True", "TuningSucceeded", "c")}, generation=2, now="t3"
+    )
+    assert same[0]["lastTransitionTime"] == "t1" and same[0]["observedGeneration"] == 2
+    assert moved[0]["lastTransitionTime"] == "t3"
+
+
+def test_status_patch_is_none_when_nothing_changed() -> None:
+    t = reconcile.invalid_spec(["spec.gpu.product: unknown"])
+    new = reconcile.next_status(None, t, generation=1, now="t", tuning_hash=None)
+    assert reconcile.status_patch(None, new) == new
+    assert reconcile.status_patch(new, new) is None
+    again = reconcile.next_status(new, t, generation=1, now="later", tuning_hash=None)
+    assert reconcile.status_patch(new, again) is None  # no churn, no events
+    assert reconcile.transition_events(new, again) == []
+
+
+def test_transitions_emit_one_event_per_changed_condition() -> None:
+    started = reconcile.next_status(
+        None, reconcile.tuning_started("j", old_status=None),
+        generation=1, now="t", tuning_hash="h",
+    )  # fmt: skip
+    events = reconcile.transition_events(None, started)
+    assert [(e.type, e.reason) for e in events] == [("Normal", "TuningStarted")]
+    failed = reconcile.next_status(
+        started, reconcile.tuning_job_failed("boom"), generation=1, now="t", tuning_hash="h"
+    )
+    assert [(e.type, e.reason) for e in reconcile.transition_events(started, failed)] == [
+        ("Warning", "TuningJobFailed")
+    ]
+    assert failed["phase"] == "Failed" and failed["tuningHash"] == "h"
+
+
+def test_tuned_status_fields_match_the_crd() -> None:
+    report = _report()
+    fields = reconcile.tuned_fields(report, "llm-tuning-report")
+    assert set(fields["bestConfig"]) == {"tp", "maxBatchSize", "quantization", "kvCacheDtype"}
+    assert set(fields["bestMetrics"]) == {
+        "ttftP50Ms", "ttftP95Ms", "ttftP99Ms", "itlP50Ms", "itlP95Ms", "itlP99Ms",
+        "e2eP50Ms", "e2eP95Ms", "e2eP99Ms", "outputTokensPerSecondPerGpu", "sloMet",
+    }  # fmt: skip
+    assert fields["bestMetrics"]["sloMet"] is True
+    assert fields["trials"] == {"executed": report.executed_trials, "total": len(report.trials)}
+    crd = _crd_status_properties()
+    assert set(fields) <= set(crd)
+    assert set(fields["bestMetrics"]) <= set(crd["bestMetrics"]["properties"])
+    assert set(fields["bestConfig"]) <= set(crd["bestConfig"]["properties"])
+    status = reconcile.next_status(
+        None,
+        reconcile.serving(name="llm", namespace=NS, config=reconcile.best_config(report),
+                          availability=reconcile.Availability(1, 1, True),
+                          tuned=(report, "llm-tuning-report")),
+        generation=3, now="t", tuning_hash="h",
+    )  # fmt: skip
+    assert set(status) <= set(crd)
+    assert status["phase"] == "Ready" and status["endpoint"] == f"llm.{NS}.svc:8001"
+
+
+def _crd_status_properties() -> dict[str, Any]:
+    from pathlib import Path
+
+    import yaml
+
+    crd = yaml.safe_load(
+        (
+            Path(__file__).resolve().parents[2] / "crds" / "inferencedeployments.infertune.io.yaml"
+        ).read_text(encoding="utf-8")
+    )
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    props: dict[str, Any] = schema["properties"]["status"]["properties"]
+    return props
+
+
+def test_no_feasible_message_names_misses_and_what_to_relax() -> None:
+    report = _report(feasible=False)
+    assert report.best is None
+    t = reconcile.no_feasible_config(report, "llm-tuning-report")
+    assert t.phase == "Failed"
+    assert t.conditions["Tuned"].reason == "NoFeasibleConfig"
+    assert "nearest misses" in t.message and report.nearest_misses[0].config.label() in t.message
+    assert "raise spec.slo.e2eLatencyMs" in t.message
+
+
+@pytest.mark.parametrize(
+    "deployment, wanted, ready",
+    [
+        (None, 1, False),
+        ({"metadata": {"generation": 2}, "status": {"observedGeneration": 1,
+          "availableReplicas": 1, "updatedReplicas": 1}}, 1, False),  # stale status
+        ({"metadata": {"generation": 2}, "status": {"observedGeneration": 2,
+          "availableReplicas": 1, "updatedReplicas": 1}}, 1, True),
+        ({"status": {"availableReplicas": 2, "updatedReplicas": 1}}, 2, False),  # rolling out
+        ({"status": {"availableReplicas": 3, "updatedReplicas": 3}}, 2, True),
+        ({"status": {"availableReplicas": 0}}, 0, False),  # scaled to zero is never Ready
+    ],
+)  # fmt: skip
+def test_readiness(deployment: dict[str, Any] | None, wanted: int, ready: bool) -> None:
+    assert reconcile.deployment_availability(deployment, wanted).ready is ready
+
+
+def test_config_from_status_only_for_the_same_hash_and_tuned() -> None:
+    status = {
+        "tuningHash": "h1",
+        "bestConfig": {"tp": 2, "maxBatchSize": 8, "quantization": "fp8", "kvCacheDtype": "auto"},
+        "conditions": [{"type": "Tuned", "status": "True", "reason": "TuningSucceeded"}],
+    }
+    assert reconcile.config_from_status(status, "h1") == TrialConfig(2, 8, "fp8", "auto")
+    assert reconcile.config_from_status(status, "h2") is None
+    retuning = {**status, "conditions": [{"type": "Tuned", "status": "False"}]}
+    assert reconcile.config_from_status(retuning, "h1") is None
+
+
+def test_owned_objects_carry_owner_labels_and_a_render_hash() -> None:
+    body = _body()
+    rendered: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llm"},
+                "spec": {"ports": [{"port": 8001}]}}  # fmt: skip
+    desired = reconcile.owned(rendered, body)
+    assert desired["metadata"]["namespace"] == NS
+    assert desired["metadata"]["labels"]["infertune.io/deployment"] == "llm"
+    assert desired["metadata"]["ownerReferences"][0]["uid"] == "0000-uid"
+    assert "ownerReferences" not in rendered["metadata"]  # the input is not mutated
+    assert reconcile.needs_apply(None, desired)
+    assert not reconcile.needs_apply(desired, reconcile.owned(rendered, body))
+    changed = copy.deepcopy(rendered)
+    changed["spec"]["ports"][0]["port"] = 9000
+    assert reconcile.needs_apply(desired, reconcile.owned(changed, body))
