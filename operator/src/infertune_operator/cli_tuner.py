@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,6 +23,35 @@ def _resolve_model(name: str):  # type: ignore[no-untyped-def]
     if name.endswith(".json") or path.is_dir():
         return model_from_config_file(path / "config.json" if path.is_dir() else path)
     return get_model(name)
+
+
+def _public_fields(obj: object) -> dict[str, Any]:
+    """A catalog dataclass as JSON-ready data (sets sorted, tuples as lists)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        v = getattr(obj, f.name)
+        out[f.name] = (
+            sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v
+        )
+    return out
+
+
+def _listing(
+    as_json: bool, data: list[dict[str, Any]], title: str, columns: list[str], rows: list[list[str]]
+) -> None:
+    """Print a catalog as JSON or as a table."""
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
 
 
 def register(app: typer.Typer) -> None:
@@ -204,104 +234,45 @@ def register(app: typer.Typer) -> None:
         """List the GPU catalog."""
         from infertune_tuner.catalog.gpus import GPUS
 
-        rows = [
-            {
-                "key": g.key,
-                "architecture": g.architecture,
-                "memory_gib": g.memory_gib,
-                "hbm_bandwidth_gbs": g.hbm_bandwidth_gbs,
-                "bf16_tflops": g.bf16_tflops,
-                "fp8_tflops": g.fp8_tflops,
-                "fp4_tflops": g.fp4_tflops,
-                "int8_tops": g.int8_tops,
-                "link": g.link,
-                "link_bandwidth_gbs": g.link_bandwidth_gbs,
-                "quantizations": sorted(g.quantizations),
-                "kv_dtypes": sorted(g.kv_dtypes),
-                "product_labels": list(g.product_labels),
-            }
-            for g in GPUS.values()
-        ]
-        if as_json:
-            typer.echo(json.dumps(rows, indent=2))
-            return
-        from rich.console import Console
-        from rich.table import Table
+        def tf(v: float | None) -> str:
+            return f"{v:.0f}" if v else "-"
 
-        t = Table(title="GPU catalog (dense tensor TFLOPS)")
-        for col in (
-            "key",
-            "arch",
-            "GiB",
-            "GB/s",
-            "bf16",
-            "fp8",
-            "fp4",
-            "link",
-            "quantizations",
-            "node label",
-        ):
-            t.add_column(col)
-        for r in rows:
-            t.add_row(
-                str(r["key"]), str(r["architecture"]), f"{r['memory_gib']:.0f}",
-                f"{r['hbm_bandwidth_gbs']:.0f}", f"{r['bf16_tflops']:.0f}",
-                f"{r['fp8_tflops']:.0f}" if r["fp8_tflops"] else "-",
-                f"{r['fp4_tflops']:.0f}" if r["fp4_tflops"] else "-",
-                f"{r['link']} {r['link_bandwidth_gbs']:.0f} GB/s",
-                ", ".join(r["quantizations"]), ", ".join(r["product_labels"]),  # type: ignore[arg-type]
-            )  # fmt: skip
-        Console().print(t)
+        _listing(
+            as_json,
+            [_public_fields(g) for g in GPUS.values()],
+            "GPU catalog (dense tensor TFLOPS)",
+            ["key", "arch", "GiB", "GB/s", "bf16", "fp8", "fp4", "link", "quantizations", "node label"],
+            [
+                [g.key, g.architecture, f"{g.memory_gib:.0f}", f"{g.hbm_bandwidth_gbs:.0f}",
+                 tf(g.bf16_tflops), tf(g.fp8_tflops), tf(g.fp4_tflops),
+                 f"{g.link} {g.link_bandwidth_gbs:.0f} GB/s", ", ".join(sorted(g.quantizations)),
+                 ", ".join(g.product_labels)]
+                for g in GPUS.values()
+            ],
+        )  # fmt: skip
 
     @app.command()
     def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         """List the model catalog (Hugging Face ids map to these keys)."""
         from infertune_tuner.catalog.models import MODELS
 
-        rows = [
-            {
-                "key": m.key,
-                "params_b": round(m.params / 1e9, 2),
-                "active_params_b": round(m.active_params / 1e9, 2),
-                "layers": m.layers,
-                "hidden_size": m.hidden_size,
-                "heads": m.heads,
-                "kv_heads": m.kv_heads,
-                "ffn_size": m.ffn_size,
-                "vocab_size": m.vocab_size,
-                "experts": m.experts,
-                "experts_active": m.experts_active,
-                "hf_ids": list(m.hf_ids),
-            }
-            for m in MODELS.values()
-        ]
-        if as_json:
-            typer.echo(json.dumps(rows, indent=2))
-            return
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title="Model catalog")
-        for col in (
-            "key",
-            "params",
-            "layers",
-            "hidden",
-            "heads/kv",
-            "ffn",
-            "vocab",
-            "MoE",
-            "Hugging Face ids",
-        ):
-            t.add_column(col)
-        for r in rows:
-            moe = f"{r['experts']}x, {r['experts_active']} active" if r["experts"] != 1 else "-"
-            t.add_row(
-                str(r["key"]), f"{r['params_b']}B", str(r["layers"]), str(r["hidden_size"]),
-                f"{r['heads']}/{r['kv_heads']}", str(r["ffn_size"]), str(r["vocab_size"]), moe,
-                "\n".join(r["hf_ids"]),  # type: ignore[arg-type]
-            )  # fmt: skip
-        Console().print(t)
+        _listing(
+            as_json,
+            [
+                {**_public_fields(m), "params_b": round(m.params / 1e9, 2),
+                 "active_params_b": round(m.active_params / 1e9, 2)}
+                for m in MODELS.values()
+            ],
+            "Model catalog",
+            ["key", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "MoE", "Hugging Face ids"],
+            [
+                [m.key, f"{m.params / 1e9:.1f}B", str(m.layers), str(m.hidden_size),
+                 f"{m.heads}/{m.kv_heads}", str(m.ffn_size), str(m.vocab_size),
+                 f"{m.experts}x, {m.experts_active} active" if m.experts > 1 else "-",
+                 "\n".join(m.hf_ids)]
+                for m in MODELS.values()
+            ],
+        )  # fmt: skip
 
     del tune, predict, gpus, models  # registered on the app
 
