@@ -14,8 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
-# README* matches nothing harmlessly while the project has no README yet (pyproject names it).
-COPY pyproject.toml README* ./
+COPY pyproject.toml README.md ./
 COPY operator/src ./operator/src
 COPY tuner/src ./tuner/src
 # The project's own wheel only (pure Python: it installs on the tuner's Python too).

@@ -18,10 +18,7 @@ from infertune_tuner.request import (
 def _bounds(metric: str, bound: PercentileBound | None) -> list[SloBound]:
     if bound is None:
         return []
-    return [
-        SloBound(metric=metric, percentile=p, max_ms=v)
-        for p, v in bound.bounds().items()
-    ]
+    return [SloBound(metric=metric, percentile=p, max_ms=v) for p, v in bound.bounds().items()]
 
 
 def to_request(
