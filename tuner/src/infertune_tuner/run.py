@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -42,6 +43,7 @@ from infertune_tuner.search import (
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.strategy import Known, implied_infeasible
 
+log = logging.getLogger(__name__)
 ProgressHook = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
 
 
@@ -204,6 +206,11 @@ def tune(
 
         backend_factory = single
     workers = request.tuning.parallelism if backend_factory is not None else 1
+    if backend_name == "triton" and workers > 1:
+        # Real trials own the GPUs of their pod: several workers in one process would fight over
+        # them. Parallel real tuning = several tuner pods on one shared RDB study (roadmap).
+        log.warning("triton backend: running 1 worker (parallelism %d needs one pod each)", workers)
+        workers = 1
     backends = [backend_factory(i) for i in range(workers)]
 
     study = optuna.create_study(
