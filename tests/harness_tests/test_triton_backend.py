@@ -127,7 +127,7 @@ def test_unknown_placeholder_is_an_input_error(tmp_path: Path) -> None:
 
 def test_requests_and_warmup_defaults() -> None:
     assert [default_requests(b) for b in (1, 16, 64, 256, 1024)] == [64, 64, 256, 1024, 1024]
-    assert [default_warmup(b) for b in (1, 8, 64)] == [1, 8, 16]
+    assert [default_warmup(b) for b in (1, 8, 64, 512)] == [1, 8, 64, 256]
 
 
 def test_failure_classification() -> None:

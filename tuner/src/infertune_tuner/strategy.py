@@ -4,9 +4,9 @@ Rules that skip a configuration without running it (they cost no budget):
 - memory: the memory model says it cannot fit (`infeasible_predicted`);
 - OOM dominance: it is at least as large in every memory dimension (same or lower TP, same or
   larger batch, same or wider weights and KV) as a configuration that ran out of memory;
-- SLO dominance: same TP/precision as a measured configuration that missed a latency bound, with
-  a larger max batch (latency only grows with batch), or a smaller batch than one that missed the
-  throughput floor.
+- SLO dominance: same TP/precision as a measured configuration that missed a latency bound by
+  more than the measurement noise (5 %), with a larger max batch (latency only grows with
+  batch), or a smaller batch than one that missed the throughput floor.
 
 `auto` ranks every untried, unruled configuration by the prior corrected with the measurements
 so far: expected improvement over the best feasible measured tok/s/GPU times the probability of
@@ -27,6 +27,8 @@ from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
 
 MIN_FEASIBLE_PROBABILITY = 0.08
+# A bound missed by less than this is within measurement noise: it rules out no neighbours.
+DOMINANCE_MARGIN = 0.05
 IMPROVEMENT_MARGIN = 1.01  # chasing gains under 1 % is not worth a GPU trial
 OPTIMISM_SIGMAS = 1.0
 # When the prior says nothing can meet the SLO we still measure the closest few before giving
@@ -82,7 +84,7 @@ def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
         ):
             continue
         for ch in known.checks.get(other, []):
-            if ch.ok:
+            if ch.ok or _within_noise(ch):
                 continue
             if ch.metric == "output_tokens_per_s_per_gpu":
                 if cfg.max_batch_size < other.max_batch_size:
@@ -90,6 +92,12 @@ def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
             elif cfg.max_batch_size > other.max_batch_size:
                 return f"larger batch than {other.label()}, which missed {ch.bound}"
     return None
+
+
+def _within_noise(ch: SloCheck) -> bool:
+    if ch.metric == "output_tokens_per_s_per_gpu":
+        return ch.value_ms >= ch.limit_ms * (1 - DOMINANCE_MARGIN)
+    return ch.value_ms <= ch.limit_ms * (1 + DOMINANCE_MARGIN)
 
 
 def _phi(x: float) -> float:

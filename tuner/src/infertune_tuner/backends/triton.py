@@ -55,7 +55,7 @@ PLACEHOLDERS = frozenset({
     "kv_cache_dtype", "model", "gpu", "model_repo", "served_model", "model_path",
 })  # fmt: skip
 MAX_REQUESTS_PER_TRIAL = 1024
-MAX_WARMUP = 16
+MAX_WARMUP = 256
 
 
 def default_requests(max_batch_size: int) -> int:
@@ -64,6 +64,8 @@ def default_requests(max_batch_size: int) -> int:
 
 
 def default_warmup(max_batch_size: int) -> int:
+    """One full batch: the first wave arrives all at once and queues behind its own prefills,
+    which says nothing about the steady state the SLO is about."""
     return min(max_batch_size, MAX_WARMUP)
 
 

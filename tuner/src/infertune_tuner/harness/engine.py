@@ -2,8 +2,10 @@
 
 One engine step, as TensorRT-LLM's scheduler runs it:
 
-1. admit waiting requests (FIFO) while fewer than `max_batch_size` are active and the KV cache
-   can reserve their full context (input + max output tokens, whole 32-token pages); the rest wait,
+1. admit waiting requests (FIFO) while fewer than `max_batch_size` are active, the KV cache
+   can reserve their full context (input + max output tokens, whole 32-token pages) and their
+   prompts fit the step's token budget (`max_num_tokens` minus one token per decoding
+   sequence; a single longer prompt is still admitted, as chunked prefill would); the rest wait,
 2. step time = `decode_ms(active, avg context)` + `prefill_ms(input)` of every request admitted
    in this step (their prefill runs inside the step and stalls everyone else's next token),
 3. at the end of the step every active sequence has one more token (an admitted request's first
@@ -28,7 +30,12 @@ from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.metrics import BenchResult, RequestTrace, compute
 from infertune_tuner.perfmodel.latency import StepModel
-from infertune_tuner.perfmodel.memory import GIB, KV_PAGE_TOKENS, estimate_memory
+from infertune_tuner.perfmodel.memory import (
+    DEFAULT_MAX_NUM_TOKENS,
+    GIB,
+    KV_PAGE_TOKENS,
+    estimate_memory,
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -92,6 +99,7 @@ class Engine:
     max_batch_size: int
     kv_capacity: int  # tokens
     time_scale: float = 1.0
+    max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
     waiting: deque[Sequence] = field(default_factory=deque)
     active: list[Sequence] = field(default_factory=list)
     reserved: int = 0
@@ -138,10 +146,14 @@ class Engine:
         """Admit what fits and return (step duration in seconds, the admitted sequences)."""
         self._drop_cancelled()
         admitted: list[Sequence] = []
+        budget = self.max_num_tokens - len(self.active)
         while self.waiting and len(self.active) < self.max_batch_size:
             head = self.waiting[0]
             if self.reserved + head.reserved_tokens > self.kv_capacity:
                 break  # FIFO: the head waits for pages, and so does everyone behind it
+            if admitted and head.input_tokens > budget:
+                break  # this step's token budget is spent: the head goes in the next step
+            budget -= head.input_tokens
             self.waiting.popleft()
             self.reserved += head.reserved_tokens
             self.active.append(head)

@@ -10,19 +10,25 @@ Per engine step with B active sequences at average context c (per GPU, TP ranks 
     t_prefill = (2 * P_active/TP * ISL + 2 L * ISL^2 * hidden/TP) / (peak_q * prefill)
                 + t_comm(ISL tokens)
 
-Closed loop at concurrency B (each finished request is replaced at once): every step carries on
-average (B-1)/OSL prefills of *other* requests, which stretch the step:
+Closed loop at concurrency B (each finished request is replaced at once). A step admits new
+requests until their prompts fill the token budget (max_num_tokens = 8192), so k =
+min(B, max_num_tokens // ISL) prefills share a step; with fixed lengths the loop settles into
+B/k cohorts that finish, return and are admitted together:
 
-    step      = t_decode(B) + (B-1)/OSL * t_prefill
-    TTFT      = t_prefill + t_decode(B)/2 (wait for the running step) + prefill collisions
+    cohort    = t_decode(B) + k * t_prefill          (the step that carries a cohort's prefills)
+    step      = t_decode(B) + (B-k)/OSL * t_prefill  (other cohorts' prefills, averaged)
+    TTFT      = cohort
     E2E       = TTFT + (OSL-1) * step
     tok/s/GPU = B * OSL / E2E / TP
 
-Percentile spread grows with the share of step time spent in prefill (interference).
+ITL percentiles land in the long (cohort) steps once their share of a request's gaps passes
+1 - percentile. The simulated Triton server's engine (harness/engine.py) schedules the same way
+step by step, so the two agree.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from infertune_tuner.catalog.gpus import Gpu
@@ -31,6 +37,7 @@ from infertune_tuner.catalog.quantization import QUANTIZATIONS
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
 from infertune_tuner.perfmodel.memory import (
+    DEFAULT_MAX_NUM_TOKENS,
     MemoryEstimate,
     estimate_memory,
     kv_bytes_per_token,
@@ -163,6 +170,7 @@ def predict(
     workload: Workload,
     eff: Efficiency | None = None,
     reserve_gib: float | None = None,
+    max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
 ) -> Prediction:
     """Typical (p50) and tail latencies and throughput of `cfg` under a closed-loop load."""
     mem = (
@@ -175,22 +183,27 @@ def predict(
     isl, osl = workload.input_tokens, workload.output_tokens
     t_pre = steps.prefill_ms(isl)
     t_dec = steps.decode_ms(b, isl + osl / 2)
-    prefills_per_step = (b - 1) / osl
-    interference = prefills_per_step * t_pre
+    # Admission: one engine step takes new requests until their prompts fill the token budget
+    # (max_num_tokens, minus one token per decoding sequence), so up to k prefills share a step.
+    # With fixed lengths a closed loop settles into cohorts of k requests that finish, return
+    # and are admitted together: each cohort's TTFT is the step that carries its k prefills.
+    k = max(1, min(b, max_num_tokens // isl))
+    cohorts = math.ceil(b / k)
+    cohort_step = t_dec + k * t_pre
+    interference = (b - k) / osl * t_pre  # other cohorts' prefills, averaged over the steps
     step = t_dec + interference
     share = interference / step
-    # TTFT: own prefill + half a running step + prefills of others that arrive together.
-    ttft50 = t_pre + 0.5 * t_dec + min(prefills_per_step, 4.0) * 0.5 * t_pre
+    ttft50 = cohort_step
     ttft = Percentiles(
         ttft50,
-        ttft50 + (0.5 * t_dec + min(prefills_per_step * 2, 8.0) * t_pre) * 0.9 + 0.05 * ttft50,
-        ttft50 + (0.5 * t_dec + min(prefills_per_step * 3, 12.0) * t_pre) * 1.2 + 0.10 * ttft50,
+        ttft50 * 1.05 + k * t_pre * min(1.0, 2 * cohorts / osl),
+        ttft50 * 1.10 + k * t_pre * min(1.0, 4 * cohorts / osl),
     )
-    # ITL: steps without a prefill are short; with one they are longer by a prefill. The
-    # percentile lands in the long steps once their share passes 1 - percentile (ramped, since
-    # real step times blur).
-    frac = min(1.0, prefills_per_step)
-    long_step = t_dec + (interference / frac if frac else 0.0)
+    # ITL: a request's gaps are short decode steps, except where another cohort's prefills
+    # ride along; a percentile lands in those long gaps once their share passes
+    # 1 - percentile (ramped, since real step times blur).
+    frac = min(1.0, (cohorts - 1) / osl)
+    long_step = cohort_step
     itl = Percentiles(
         _blend(t_dec, long_step, _ramp(frac, 0.5, 0.1)),
         _blend(t_dec * 1.06, long_step, _ramp(frac, 0.05, 0.04)),
