@@ -479,3 +479,15 @@ def test_owned_objects_carry_owner_labels_and_a_render_hash() -> None:
     changed = copy.deepcopy(rendered)
     changed["spec"]["ports"][0]["port"] = 9000
     assert reconcile.needs_apply(desired, reconcile.owned(changed, body))
+
+
+def test_brand_new_means_no_status_and_not_being_deleted() -> None:
+    body = _body()
+    assert reconcile.is_brand_new(body)
+    assert not reconcile.is_brand_new({**body, "status": {"phase": "Pending"}})
+    deleting = copy.deepcopy(body)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert not reconcile.is_brand_new(deleting)
+    no_uid = copy.deepcopy(body)
+    del no_uid["metadata"]["uid"]
+    assert not reconcile.is_brand_new(no_uid)  # owner references need it

@@ -48,6 +48,10 @@ Body = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_TIMEOUT_S: tuple[float, float] = (5.0, 30.0)  # (connect, read)
+# Kept-alive connections per API server: one per concurrent caller, or urllib3 opens and drops
+# a connection per request beyond it. Callers: Kopf's handler threads (handlers.HANDLER_THREADS)
+# and the resync's executor thread.
+CONNECTION_POOL_MAXSIZE = 64
 
 
 # ------------------------------------------------------------------ errors
@@ -335,7 +339,7 @@ class Kube:
 
 def _configuration() -> k8s_client.Configuration:
     cfg = k8s_client.Configuration()
-    cfg.connection_pool_maxsize = 32  # Kopf runs sync handlers on up to 16 threads
+    cfg.connection_pool_maxsize = CONNECTION_POOL_MAXSIZE
     return cfg
 
 

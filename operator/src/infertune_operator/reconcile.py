@@ -805,6 +805,12 @@ def tuned_message(report: Report) -> str:
     )
 
 
+def is_brand_new(body: Mapping[str, Any]) -> bool:
+    """An object no sync has written to yet (no status at all) and that is not being deleted."""
+    meta = body.get("metadata") or {}
+    return not body.get("status") and not meta.get("deletionTimestamp") and bool(meta.get("uid"))
+
+
 def config_from_status(status: Mapping[str, Any] | None, th: str) -> TrialConfig | None:
     """The best config already recorded for this tuning hash (Tuned=True), else None."""
     status = status or {}
