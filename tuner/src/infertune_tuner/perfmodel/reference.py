@@ -1,6 +1,7 @@
 """Published points of the public Llama-2-70B A100/H100 sweep (Perplexity, pplx-api on
 TensorRT-LLM v0.5, 1024 in / 512 out, closed loop at concurrency = max batch). Direct figures
-are quoted; derived ones follow from the write-up's ratios, all against A100/fp16/TP8/BS64 = 767 / 4.60 tok/s/GPU:
+are quoted; derived ones follow from the write-up's ratios, all against A100/fp16/TP8/BS64 =
+767 / 4.60 tok/s/GPU:
 
 - H100 fp8  TP8 BS128: 251 % of the baseline             -> 418 tok/s/GPU
 - H100 fp16 TP8 BS128: 228 % of the baseline             -> 380 tok/s/GPU
