@@ -94,6 +94,12 @@ def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
     return None
 
 
+def _twin(c: TrialConfig) -> tuple[object, ...]:
+    """Configurations the model cannot tell apart (bf16 vs fp16 weights): one probe covers both."""
+    q = QUANTIZATIONS[c.quantization]
+    return (c.tp, c.max_batch_size, q.weight_bytes, q.compute, c.kv_cache_dtype)
+
+
 def _within_noise(ch: SloCheck) -> bool:
     if ch.metric == "output_tokens_per_s_per_gpu":
         return ch.value_ms >= ch.limit_ms * (1 - DOMINANCE_MARGIN)
@@ -111,6 +117,7 @@ class Candidate:
     p_feasible: float
     score: float
     potential: float
+    violation: float  # predicted worst log(value / bound) over the SLO bounds; <= 0 = meets
 
 
 def _quantities(request: TuningRequest) -> list[tuple[str, str, str]]:
@@ -147,12 +154,15 @@ def rank(
         p = priors[cfg]
         tps = correction.apply("tps", cfg, p.output_tokens_per_s_per_gpu)
         p_feas = 1.0
+        violation = -math.inf
         for key, metric, pct in _quantities(request):
             bound = next(b.max_ms for b in request.slo if f"{b.metric}/{b.percentile}" == key)
             lat = correction.apply(key, cfg, getattr(p, metric).get(pct))
             p_feas *= _phi(math.log(bound / lat) / correction.sigma(key))
+            violation = max(violation, math.log(lat / bound))
         if request.min_output_tokens_per_s_per_gpu:
             p_feas *= _phi(math.log(tps / request.min_output_tokens_per_s_per_gpu) / s_tps)
+            violation = max(violation, math.log(request.min_output_tokens_per_s_per_gpu / tps))
         # Expected improvement of a log-normal tok/s over the best feasible measured one.
         if best > 0:
             d2 = math.log(tps / best) / s_tps
@@ -160,7 +170,7 @@ def rank(
         else:
             ei = tps
         potential = tps * math.exp(OPTIMISM_SIGMAS * s_tps)
-        out.append(Candidate(cfg, tps, p_feas, p_feas * ei, potential))
+        out.append(Candidate(cfg, tps, p_feas, p_feas * ei, potential, violation))
     out.sort(key=lambda c: (-c.score, -c.tps, c.config))
     return out
 
@@ -189,8 +199,11 @@ def propose(
             "while meeting the SLO"
         )
     probes = sum(1 for m in known.measured.values() if m.status == "ok")
-    if probes < CONFIRMATION_TRIALS and ranked:
-        closest = max(ranked, key=lambda c: (c.p_feasible, c.tps))
+    measured_twins = {_twin(c) for c in known.measured}
+    fresh = [c for c in ranked if _twin(c.config) not in measured_twins]
+    if probes < CONFIRMATION_TRIALS and fresh:
+        # The configuration predicted to miss the SLO by the least (then the fastest).
+        closest = min(fresh, key=lambda c: (c.violation, -c.tps))
         return closest.config, ""
     return None, (
         "no untried configuration is plausibly able to meet the SLO "
