@@ -100,13 +100,9 @@ def true_optimum(request: TuningRequest, backend: SimulatedBackend) -> float:
     best = 0.0
     for cfg in build_space(request, model, gpu).configs:
         m = backend.run(cfg)
-        if m.status != "ok" or m.output_tokens_per_s_per_gpu is None:
-            continue
-        checks = slo_mod.check(
-            request, lambda met, p, m=m: m.percentiles(met).get(p), m.output_tokens_per_s_per_gpu
-        )  # type: ignore[union-attr]
-        if all(c.ok for c in checks):
-            best = max(best, m.output_tokens_per_s_per_gpu)
+        checks = slo_mod.check(request, m)
+        if checks and all(c.ok for c in checks):
+            best = max(best, m.output_tokens_per_s_per_gpu or 0.0)
     return best
 
 

@@ -33,8 +33,8 @@ from infertune_tuner.result import (
     Trial,
 )
 from infertune_tuner.search import (
-    ExecutedTrial,
     Search,
+    current_trials,
     executed_trials,
     make_sampler,
     open_storage,
@@ -80,12 +80,7 @@ def build_report(
 ) -> Report:
     trials: list[Trial] = []
     known = Known()
-    latest: dict[TrialConfig, ExecutedTrial] = {}
-    for e in executed_trials(study):
-        if run is not None and e.measurement.status == "error" and e.run != run:
-            continue  # set-up errors of an earlier run: superseded by this run (kept in the study)
-        latest[e.config] = e  # a config retried after an earlier error is reported once, latest
-    for e in sorted(latest.values(), key=lambda e: e.number):
+    for e in current_trials(study, run):
         known.measured[e.config] = e.measurement
         known.checks[e.config] = e.checks
         p = priors.get(e.config)
@@ -188,24 +183,23 @@ def tune(
     seed = request.tuning.seed if request.tuning.seed is not None else 0
     backend_name = backend if isinstance(backend, str) else backend.name
 
-    if isinstance(backend, str):
-        spec = backend
+    workers = request.tuning.parallelism
+    if backend_factory is None:
+        if isinstance(backend, str):
+            spec = backend
 
-        def factory(i: int) -> BenchmarkBackend:
-            return make_backend(
-                spec, request, seed=seed, server_command=server_command,
-                workdir=out_dir / f"worker-{i}",
-            )  # fmt: skip
+            def backend_factory(i: int) -> BenchmarkBackend:
+                return make_backend(
+                    spec, request, seed=seed, server_command=server_command,
+                    workdir=out_dir / f"worker-{i}",
+                )  # fmt: skip
+        else:
+            instance = backend
+            workers = 1  # one backend instance cannot serve several worker threads
 
-        backend_factory = backend_factory or factory
-    elif backend_factory is None:
-        fixed = backend
+            def backend_factory(i: int) -> BenchmarkBackend:
+                return instance
 
-        def single(i: int) -> BenchmarkBackend:
-            return fixed
-
-        backend_factory = single
-    workers = request.tuning.parallelism if backend_factory is not None else 1
     if backend_name == "triton" and workers > 1:
         # Real trials own the GPUs of their pod: several workers in one process would fight over
         # them. Parallel real tuning = several tuner pods on one shared RDB study (roadmap).
@@ -228,7 +222,7 @@ def tune(
         search.recover_interrupted()
 
     bar = (
-        _progress_bar(request.tuning.max_trials, executed=len(executed_trials(study)))
+        _ProgressBar(request.tuning.max_trials, executed=len(executed_trials(study)))
         if progress
         else None
     )
@@ -246,7 +240,7 @@ def tune(
     finally:
         if bar is not None:
             bar.close()
-        for b in {id(b): b for b in backends}.values():
+        for b in backends:
             b.close()
     return build_report(
         request, space, priors, outcome.study, backend=backend_name,
@@ -255,7 +249,7 @@ def tune(
     )  # fmt: skip
 
 
-class _progress_bar:
+class _ProgressBar:
     """A rich progress bar on stderr: executed trials out of the budget, best so far."""
 
     def __init__(self, total: int, executed: int) -> None:

@@ -166,14 +166,24 @@ def executed_trials(study: optuna.Study) -> list[ExecutedTrial]:
     return out
 
 
-def known_from(study: optuna.Study, run: str | None = None) -> Known:
-    """What the study knows. Trials that failed with `error` in an *earlier* run are forgotten,
-    so a re-run after fixing the set-up (server command, checkpoint) retries them; OOMs and
-    measurements are kept for good."""
-    known = Known()
+def current_trials(study: optuna.Study, run: str | None = None) -> list[ExecutedTrial]:
+    """The executed trials that count, one per configuration (the latest), in trial order.
+
+    Trials that failed with `error` in an *earlier* run are left out, so a re-run after fixing
+    the set-up (server command, checkpoint) retries them; OOMs and measurements are kept for
+    good (the study keeps everything)."""
+    latest: dict[TrialConfig, ExecutedTrial] = {}
     for e in executed_trials(study):
         if run is not None and e.measurement.status == "error" and e.run != run:
             continue
+        latest[e.config] = e
+    return sorted(latest.values(), key=lambda e: e.number)
+
+
+def known_from(study: optuna.Study, run: str | None = None) -> Known:
+    """What the study knows: current measurements and the configurations in flight."""
+    known = Known()
+    for e in current_trials(study, run):
         known.measured[e.config] = e.measurement
         known.checks[e.config] = e.checks
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -294,13 +304,7 @@ class Search:
     def _record(
         self, trial: optuna.trial.Trial, cfg: TrialConfig, m: Measurement
     ) -> list[SloCheck]:
-        checks: list[SloCheck] = []
-        if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
-            checks = slo.check(
-                self.request,
-                lambda metric, pct: (m.percentiles(metric) or Percentiles(0, 0, 0)).get(pct),
-                m.output_tokens_per_s_per_gpu,
-            )
+        checks = slo.check(self.request, m)
         trial.set_user_attr(ATTR_MEASUREMENT, measurement_to_attr(m))
         trial.set_user_attr(ATTR_CHECKS, [c.model_dump() for c in checks])
         values = slo.constraint_values(checks)

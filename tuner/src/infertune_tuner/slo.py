@@ -1,28 +1,27 @@
-"""Checking measurements (or predictions) against the SLO."""
+"""Checking measurements against the SLO."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import METRIC_LABELS, TuningRequest
 from infertune_tuner.result import SloCheck
 
-# value(metric, percentile) -> milliseconds
-LatencyLookup = Callable[[str, str], float]
 
-
-def check(request: TuningRequest, latency: LatencyLookup, tps_per_gpu: float) -> list[SloCheck]:
-    out = [
-        SloCheck(
-            bound=b.label(),
-            metric=b.metric,
-            percentile=b.percentile,
-            limit_ms=b.max_ms,
-            value_ms=round(latency(b.metric, b.percentile), 3),
-            ok=latency(b.metric, b.percentile) <= b.max_ms,
-        )
-        for b in request.slo
-    ]
+def check(request: TuningRequest, m: Measurement) -> list[SloCheck]:
+    """Every SLO bound checked against a measurement (none for a failed trial)."""
+    tps_per_gpu = m.output_tokens_per_s_per_gpu
+    if m.status != "ok" or tps_per_gpu is None:
+        return []
+    out = []
+    for b in request.slo:
+        measured = m.percentiles(b.metric)
+        value = measured.get(b.percentile) if measured else float("inf")
+        out.append(
+            SloCheck(
+                bound=b.label(), metric=b.metric, percentile=b.percentile, limit_ms=b.max_ms,
+                value_ms=round(value, 3), ok=value <= b.max_ms,
+            )
+        )  # fmt: skip
     if request.min_output_tokens_per_s_per_gpu is not None:
         floor = request.min_output_tokens_per_s_per_gpu
         out.append(SloCheck(

@@ -23,7 +23,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.correction import Correction
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.perfmodel.latency import Prediction
-from infertune_tuner.request import TuningRequest
+from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.result import SloCheck
 
 MIN_FEASIBLE_PROBABILITY = 0.08
@@ -120,8 +120,9 @@ class Candidate:
     violation: float  # predicted worst log(value / bound) over the SLO bounds; <= 0 = meets
 
 
-def _quantities(request: TuningRequest) -> list[tuple[str, str, str]]:
-    return [(f"{b.metric}/{b.percentile}", b.metric, b.percentile) for b in request.slo]
+def _key(b: SloBound) -> str:
+    """The correction-model quantity of one SLO bound, e.g. 'e2e_ms/p95'."""
+    return f"{b.metric}/{b.percentile}"
 
 
 def correction_rows(
@@ -133,10 +134,12 @@ def correction_rows(
         if p is None or m.status != "ok" or not m.output_tokens_per_s_per_gpu:
             continue
         d = {"tps": math.log(m.output_tokens_per_s_per_gpu / p.output_tokens_per_s_per_gpu)}
-        for key, metric, pct in _quantities(request):
-            mp, pp = m.percentiles(metric), getattr(p, metric)
+        for b in request.slo:
+            mp, pp = m.percentiles(b.metric), getattr(p, b.metric)
             if mp is not None:
-                d[key] = math.log(max(mp.get(pct), 1e-6) / max(pp.get(pct), 1e-6))
+                d[_key(b)] = math.log(
+                    max(mp.get(b.percentile), 1e-6) / max(pp.get(b.percentile), 1e-6)
+                )
         rows.append((cfg, d))
     return rows
 
@@ -155,11 +158,10 @@ def rank(
         tps = correction.apply("tps", cfg, p.output_tokens_per_s_per_gpu)
         p_feas = 1.0
         violation = -math.inf
-        for key, metric, pct in _quantities(request):
-            bound = next(b.max_ms for b in request.slo if f"{b.metric}/{b.percentile}" == key)
-            lat = correction.apply(key, cfg, getattr(p, metric).get(pct))
-            p_feas *= _phi(math.log(bound / lat) / correction.sigma(key))
-            violation = max(violation, math.log(lat / bound))
+        for b in request.slo:
+            lat = correction.apply(_key(b), cfg, getattr(p, b.metric).get(b.percentile))
+            p_feas *= _phi(math.log(b.max_ms / lat) / correction.sigma(_key(b)))
+            violation = max(violation, math.log(lat / b.max_ms))
         if request.min_output_tokens_per_s_per_gpu:
             p_feas *= _phi(math.log(tps / request.min_output_tokens_per_s_per_gpu) / s_tps)
             violation = max(violation, math.log(request.min_output_tokens_per_s_per_gpu / tps))

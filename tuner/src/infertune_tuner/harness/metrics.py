@@ -96,7 +96,7 @@ class Summary:
 
     def as_dict(self) -> dict[str, float | int]:
         return {
-            "p50": self.p50, "p95": self.p95, "p99": self.p99,
+            **self.percentiles().as_dict(),
             "mean": self.mean, "min": self.min, "max": self.max, "count": self.count,
         }  # fmt: skip
 

@@ -204,6 +204,10 @@ class _Handle:
     request_id: str
 
 
+def _unknown_model(name: str) -> str:
+    return f"Request for unknown model: '{name}' is not found"
+
+
 def _text_bytes(text: bytes) -> bytes:
     return struct.pack("<I", len(text)) + text
 
@@ -235,16 +239,17 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
             name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration"]
         )
 
-    async def _unknown(self, name: str, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(
-            grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found"
-        )
+    async def _require_known(
+        self, name: str, version: str, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Abort the call with NOT_FOUND, as Triton does, unless it names the served model."""
+        if not self._known(name, version):
+            await context.abort(grpc.StatusCode.NOT_FOUND, _unknown_model(name))
 
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        if not self._known(request.name, request.version):
-            await self._unknown(request.name, context)
+        await self._require_known(request.name, request.version, context)
         tm = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=self.cfg.served_model,
@@ -257,8 +262,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelConfigResponse:
-        if not self._known(request.name, request.version):
-            await self._unknown(request.name, context)
+        await self._require_known(request.name, request.version, context)
         c = self.cfg.config
         config = mc.ModelConfig(
             name=self.cfg.served_model,
@@ -287,8 +291,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        if not self._known(request.model_name, request.model_version):
-            await self._unknown(request.model_name, context)
+        await self._require_known(request.model_name, request.model_version, context)
         await context.abort(
             grpc.StatusCode.UNAVAILABLE,
             "ModelInfer RPC doesn't support models with decoupled transaction policy",
@@ -318,11 +321,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
     def _submit(self, request: pb.ModelInferRequest, stream: _Stream) -> None:
         received = time.monotonic()
         if not self._known(request.model_name, request.model_version):
-            stream.queue.put_nowait(
-                self._error(
-                    request, f"Request for unknown model: '{request.model_name}' is not found"
-                )
-            )
+            stream.queue.put_nowait(self._error(request, _unknown_model(request.model_name)))
             return
         try:
             input_tokens, max_tokens = _decode(request, self.cfg.served_model)
