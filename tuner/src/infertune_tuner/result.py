@@ -63,15 +63,13 @@ class Metrics(_M):
         return value.get(percentile)
 
 
-class Predicted(_M):
+class Predicted(Metrics):
+    """What the performance model predicted: the measured metrics' shape plus the memory fit."""
+
     fits: bool
     weights_gib_per_gpu: float
     kv_cache_gib_per_gpu: float
     max_concurrent_sequences: int
-    ttft_ms: PercentilesOut
-    itl_ms: PercentilesOut
-    e2e_ms: PercentilesOut
-    output_tokens_per_s_per_gpu: float
 
     @classmethod
     def of(cls, p: Prediction) -> Predicted:
@@ -85,10 +83,6 @@ class Predicted(_M):
             e2e_ms=PercentilesOut.of(p.e2e_ms),
             output_tokens_per_s_per_gpu=round(p.output_tokens_per_s_per_gpu, 3),
         )
-
-    def latency(self, metric: str, percentile: str) -> float:
-        value: PercentilesOut = getattr(self, metric)
-        return value.get(percentile)
 
 
 class SloCheck(_M):
