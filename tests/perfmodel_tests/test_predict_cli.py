@@ -57,3 +57,21 @@ def test_catalog_listings(cli: CliRunner) -> None:
     assert any(m["key"] == "mixtral-8x7b" and m["experts"] == 8 for m in models)
     assert cli.invoke(app, ["gpus"]).exit_code == 0
     assert cli.invoke(app, ["models"]).exit_code == 0
+
+
+def test_any_model_from_a_config_json(cli: CliRunner, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 24, "hidden_size": 2048, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000,
+    }))  # fmt: skip
+    for ref in (folder, folder / "config.json"):
+        result = cli.invoke(app, ["predict", "--model", str(ref), "--gpu", "L4-24GB", "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.output)
+        assert data["model"] == "my-model" and data["fits"] is True
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    result = cli.invoke(app, ["predict", "--model", str(bad), "--gpu", "L4-24GB"])
+    assert result.exit_code == 2 and "config.json" in result.output

@@ -16,15 +16,6 @@ EXIT_NO_FEASIBLE = 3
 EXIT_TRIALS_FAILED = 4
 
 
-def _resolve_model(name: str):  # type: ignore[no-untyped-def]
-    from infertune_tuner.catalog.models import get_model, model_from_config_file
-
-    path = Path(name)
-    if name.endswith(".json") or path.is_dir():
-        return model_from_config_file(path / "config.json" if path.is_dir() else path)
-    return get_model(name)
-
-
 def _public_fields(obj: object) -> dict[str, Any]:
     """A catalog dataclass as JSON-ready data (sets sorted, tuples as lists)."""
     out: dict[str, Any] = {}
@@ -147,11 +138,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict memory fit, latency and throughput of one configuration (no GPU needed)."""
         from infertune_tuner.catalog.gpus import get_gpu
+        from infertune_tuner.catalog.models import resolve_model
         from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
         from infertune_tuner.config import TrialConfig, Workload
         from infertune_tuner.perfmodel import predict as run_predict
 
-        arch, g = _resolve_model(model), get_gpu(gpu)
+        arch, g = resolve_model(model), get_gpu(gpu)
         problems = []
         if quant not in QUANTIZATIONS:
             problems.append(f"unknown quantization {quant!r}; known: {', '.join(QUANTIZATIONS)}")

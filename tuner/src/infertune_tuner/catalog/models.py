@@ -147,3 +147,11 @@ def model_from_config_file(path: Path) -> ModelArch:
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: config.json must hold a JSON object")
     return model_from_hf_config(cfg, key=path.parent.name or "custom")
+
+
+def resolve_model(name: str) -> ModelArch:
+    """A catalog key, a Hugging Face id, or a path to a Hugging Face config.json (or its folder)."""
+    path = Path(name)
+    if name.endswith(".json") or path.is_dir():
+        return model_from_config_file(path / "config.json" if path.is_dir() else path)
+    return get_model(name)
