@@ -38,6 +38,7 @@ from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
 from infertune_tuner.perfmodel.memory import (
     DEFAULT_MAX_NUM_TOKENS,
+    RESERVE_GIB,
     MemoryEstimate,
     estimate_memory,
     kv_bytes_per_token,
@@ -173,11 +174,10 @@ def predict(
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
 ) -> Prediction:
     """Typical (p50) and tail latencies and throughput of `cfg` under a closed-loop load."""
-    mem = (
-        estimate_memory(model, gpu, cfg, workload)
-        if reserve_gib is None
-        else estimate_memory(model, gpu, cfg, workload, reserve_gib=reserve_gib)
-    )
+    mem = estimate_memory(
+        model, gpu, cfg, workload, max_num_tokens,
+        RESERVE_GIB if reserve_gib is None else reserve_gib,
+    )  # fmt: skip
     steps = StepModel(model, gpu, cfg, eff)
     b = cfg.max_batch_size
     isl, osl = workload.input_tokens, workload.output_tokens
