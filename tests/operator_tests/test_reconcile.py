@@ -160,6 +160,21 @@ def test_gpu_job_keeps_the_users_node_selector_and_tolerations() -> None:
     assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
 
 
+def test_gpu_job_runs_where_the_winner_will_serve() -> None:
+    from infertune_operator.render import render_serving
+
+    body = _gpu_body()
+    body["spec"]["gpu"]["nodeSelector"] = {"pool": "inference"}
+    body["spec"]["gpu"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    obj = _obj(body)
+    job_pod = reconcile.tuner_job(obj, body, "abcd1234", SETTINGS)["spec"]["template"]["spec"]
+    served = render_serving(obj, TrialConfig(4, 8, "bf16", "auto"), SETTINGS, simulated=False)
+    deployment = next(o for o in served if o["kind"] == "Deployment")
+    serving_pod = deployment["spec"]["template"]["spec"]
+    assert job_pod["nodeSelector"] == serving_pod["nodeSelector"]
+    assert job_pod["tolerations"] == serving_pod["tolerations"]
+
+
 def test_simulated_job_runs_on_the_operator_image_without_gpus() -> None:
     body = _body()
     body["spec"]["gpu"]["nodeSelector"] = {"pool": "gpu"}

@@ -123,8 +123,7 @@ def tune_job(
         if not created:
             kube.patch(k8s.CONFIGMAPS, namespace, report_configmap, body)
     except k8s.KubeError as exc:
-        typer.echo(f"error: cannot write the report ConfigMap: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise fail(f"cannot write the report ConfigMap: {exc}", 1) from None
     verdict = (
         f"best {report.best.config.label()}" if report.best is not None else "no feasible config"
     )

@@ -37,6 +37,7 @@ import kopf
 
 from infertune_operator import k8s, reconcile
 from infertune_operator.api.models import GROUP, PLURAL, VERSION, InferenceDeployment
+from infertune_operator.render import render_serving
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
@@ -289,30 +290,14 @@ def _apply_serving(
     ctx: Context, obj: InferenceDeployment, body: Body, config: TrialConfig
 ) -> Body | None:
     """Render Triton (or simserver) for the best config; create or patch what changed."""
-    from infertune_operator.render import render_serving
-
     simulated = reconcile.is_simulated(obj, ctx.settings)
     deployment: Body | None = None
     for rendered in render_serving(obj, config, ctx.settings, simulated=simulated):
         desired = reconcile.owned(rendered, body)
-        live = _apply(ctx.kube, desired)
+        live = ctx.kube.apply(desired, changed=reconcile.needs_apply)
         if desired.get("kind") == "Deployment":
             deployment = live
     return deployment
-
-
-def _apply(kube: k8s.Kube, desired: Body) -> Body:
-    res = k8s.resource_of(desired)
-    meta = desired["metadata"]
-    live = kube.get(res, meta["namespace"], meta["name"])
-    if not reconcile.needs_apply(live, desired):
-        assert live is not None
-        return live
-    if live is None:
-        obj, created = kube.create(desired)
-        if created:
-            return obj
-    return kube.patch(res, meta["namespace"], meta["name"], desired)
 
 
 def _write_status(

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -313,11 +313,14 @@ class Kube:
 
     # ---- composite helpers
 
-    def apply(self, desired: Body) -> Body:
-        """Create, or merge-patch the whole desired object onto the live one."""
+    def apply(self, desired: Body, *, changed: Callable[[Body, Body], bool] | None = None) -> Body:
+        """Create, or merge-patch the whole desired object onto the live one. ``changed(live,
+        desired)``, when given, says whether an existing object needs the patch at all."""
         res = resource_of(desired)
         meta = desired["metadata"]
         live = self.get(res, meta.get("namespace"), meta["name"])
+        if live is not None and changed is not None and not changed(live, desired):
+            return live
         if live is None:
             obj, created = self.create(desired)
             if created:

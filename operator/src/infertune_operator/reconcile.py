@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from infertune_operator.api.manifest import validate_document
 from infertune_operator.api.models import API_VERSION, KIND, InferenceDeployment
 from infertune_operator.api.to_request import to_request
+from infertune_operator.render import GPU_RESOURCE, gpu_placement
 from infertune_operator.settings import Settings
-from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.result import Report
 
@@ -49,8 +49,6 @@ REPORT_MAX_BYTES = 1000 * 1024
 
 TUNER_CONTAINER = "tuner"
 CONFIG_MOUNT = "/config"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 TRITON_GRPC_PORT = 8001
 JOB_DEADLINE_GRACE_S = 600  # the tuner stops itself at timeoutMinutes; time to write its report
 
@@ -205,27 +203,33 @@ def tuner_gpus(obj: InferenceDeployment) -> int:
     return max(fitting) if fitting else 1
 
 
+def _tuning_metadata(body: Mapping[str, Any], object_name: str, component: str, th: str) -> Body:
+    """Metadata of an object of one tuning run (request ConfigMap, tuner Job): our labels and
+    the tuning hash, owned by (and deleted with) the InferenceDeployment."""
+    meta = body["metadata"]
+    return {
+        "name": object_name,
+        "namespace": meta["namespace"],
+        "labels": {**common_labels(meta["name"], component), LABEL_HASH: th},
+        "annotations": {ANNOTATION_HASH: th},
+        "ownerReferences": [owner_reference(body)],
+    }
+
+
 def request_configmap(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
 ) -> Body:
-    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    name = body["metadata"]["name"]
     request = to_request(
         obj,
         default_backend=settings.default_backend,
         default_max_trials=settings.default_max_trials,
         default_storage=settings.tuner_storage,
     )
-    labels = {**common_labels(name, "tuning-request"), LABEL_HASH: th}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": request_configmap_name(name, th),
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {ANNOTATION_HASH: th},
-            "ownerReferences": [owner_reference(body)],
-        },
+        "metadata": _tuning_metadata(body, request_configmap_name(name, th), "tuning-request", th),
         "data": {REQUEST_KEY: request.to_json()},
     }
 
@@ -241,19 +245,11 @@ def tune_job_command(name: str, namespace: str, uid: str, th: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _gpu_placement(obj: InferenceDeployment) -> tuple[dict[str, str], list[Body]]:
-    gpu = get_gpu(obj.spec.gpu.product)
-    selector = {GPU_PRODUCT_LABEL: gpu.product_labels[0], **(obj.spec.gpu.node_selector or {})}
-    tolerations: list[Body] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    tolerations += [t.wire() for t in obj.spec.gpu.tolerations or []]
-    return selector, tolerations
-
-
 def tuner_job(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
 ) -> Body:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    labels = {**common_labels(name, "tuner"), LABEL_HASH: th}
+    meta = _tuning_metadata(body, job_name(name, th), "tuner", th)
     container: Body = {
         "name": TUNER_CONTAINER,
         "command": tune_job_command(name, namespace, body["metadata"]["uid"], th),
@@ -276,28 +272,17 @@ def tuner_job(
         gpus = tuner_gpus(obj)
         container["image"] = settings.tuner_image
         container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
-        pod["nodeSelector"], pod["tolerations"] = _gpu_placement(obj)
+        pod["nodeSelector"], pod["tolerations"] = gpu_placement(obj)
         # TP ranks talk over shared memory; the default 64 MiB /dev/shm is far too small.
         pod["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     spec: Body = {
         "backoffLimit": settings.job_backoff_limit,
-        "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+        "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod},
     }
     if obj.spec.tuning.timeout_minutes:
         spec["activeDeadlineSeconds"] = obj.spec.tuning.timeout_minutes * 60 + JOB_DEADLINE_GRACE_S
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": job_name(name, th),
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {ANNOTATION_HASH: th},
-            "ownerReferences": [owner_reference(body)],
-        },
-        "spec": spec,
-    }
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 
 def tuner_service_account(namespace: str, settings: Settings) -> Body:

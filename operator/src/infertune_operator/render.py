@@ -201,12 +201,17 @@ def _model_storage(
     return [volume], [mount], env
 
 
-def _tolerations(obj: InferenceDeployment) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [t.wire() for t in obj.spec.gpu.tolerations or []]
-    gpu: dict[str, Any] = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-    if gpu not in out:
-        out.append(gpu)
-    return out
+def gpu_placement(obj: InferenceDeployment) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """(nodeSelector, tolerations) of a pod on the spec's GPU pool: the GPU product's nodes plus
+    the user's selector; the user's tolerations plus the usual nvidia.com/gpu taint's. The
+    serving Deployment and the operator's tuner Job both use it."""
+    gpu = get_gpu(obj.spec.gpu.product)
+    selector = {GPU_PRODUCT_LABEL: gpu.product_labels[0], **(obj.spec.gpu.node_selector or {})}
+    tolerations: list[dict[str, Any]] = [t.wire() for t in obj.spec.gpu.tolerations or []]
+    gpu_taint: dict[str, Any] = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+    if gpu_taint not in tolerations:
+        tolerations.append(gpu_taint)
+    return selector, tolerations
 
 
 def render_serving(
@@ -223,7 +228,7 @@ def render_serving(
     spec = obj.spec
     if simulated is None:
         simulated = spec.tuning.backend == "simulated"
-    gpu = get_gpu(spec.gpu.product)
+    get_gpu(spec.gpu.product)  # an unknown GPU is an InputError, simulated or not
     if simulated and spec.model.architecture is None:
         get_model(spec.model.name)  # the simulated server must know the model's shape
     try:
@@ -276,11 +281,7 @@ def render_serving(
             "ports": _ports(),
             "resources": _resources(obj, {}, config.tp),
         }
-        pod["nodeSelector"] = {
-            GPU_PRODUCT_LABEL: gpu.product_labels[0],
-            **(spec.gpu.node_selector or {}),
-        }
-        pod["tolerations"] = _tolerations(obj)
+        pod["nodeSelector"], pod["tolerations"] = gpu_placement(obj)
     if env:
         container["env"] = env
     container["volumeMounts"] = mounts
