@@ -25,7 +25,6 @@ Bounded: about 40 s on 2 cores at time scale 1.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -37,9 +36,9 @@ from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.catalog.models import get_model
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.engine import modelled_steady_state
-from infertune_tuner.harness.loadgen import LoadSpec, run_load
+from infertune_tuner.harness.loadgen import LoadSpec
 from infertune_tuner.harness.metrics import BenchResult
-from infertune_tuner.harness.runner import ServerProcess, free_port, wait_ready
+from infertune_tuner.harness.runner import TrialPlan, free_port, run_trial
 
 MODEL, GPU, QUANT = "llama-3-8b", "H100-SXM-80GB", "fp8"
 WORKLOAD = Workload(512, 128)
@@ -60,25 +59,24 @@ CASES = (
 )
 
 
-async def measure(case: Case, scale: float, logdir: Path) -> BenchResult:
+def measure(case: Case, scale: float, logdir: Path) -> BenchResult:
     port = free_port()
     argv = [
         sys.executable, "-m", "infertune_tuner.harness.simserver", "--host", "127.0.0.1",
         "--port", str(port), "--http-port", "-1", "--model", MODEL, "--gpu", GPU,
         "--max-batch", str(case.max_batch), "--quant", QUANT, "--time-scale", str(scale),
     ]  # fmt: skip
-    proc = ServerProcess.start(argv, logdir / f"{case.name}.log")
-    try:
-        if await wait_ready(proc, f"127.0.0.1:{port}", "llm", 60) is not None:
-            raise SystemExit(f"simserver did not start:\n{proc.log_text()}")
-        spec = LoadSpec(
-            url=f"127.0.0.1:{port}", model="llm", concurrency=case.concurrency,
-            requests=case.requests, warmup=case.warmup, input_tokens=WORKLOAD.input_tokens,
-            output_tokens=WORKLOAD.output_tokens,
-        )  # fmt: skip
-        return await run_load(spec)
-    finally:
-        proc.stop()
+    load = LoadSpec(
+        url=f"127.0.0.1:{port}", model="llm", concurrency=case.concurrency,
+        requests=case.requests, warmup=case.warmup, input_tokens=WORKLOAD.input_tokens,
+        output_tokens=WORKLOAD.output_tokens,
+    )  # fmt: skip
+    # The tuner's own trial lifecycle: start, wait until ready, drive load, tear down.
+    plan = TrialPlan(argv, load, logdir / f"{case.name}.log", startup_timeout_s=60)
+    outcome = run_trial(plan)
+    if outcome.result is None:
+        raise SystemExit(f"simserver trial failed ({outcome.status}):\n{outcome.reason}")
+    return outcome.result
 
 
 def pct(measured: float, reference: float) -> float:
@@ -148,7 +146,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="loadgen-accuracy-") as tmp:
         for case in CASES:
-            result = asyncio.run(measure(case, a.time_scale, Path(tmp)))
+            result = measure(case, a.time_scale, Path(tmp))
             rows.append(report(case, a.time_scale, result))
             if not a.json:
                 show(rows[-1])

@@ -116,18 +116,25 @@ async def test_health_metadata_and_config(server: SimServer) -> None:
                 assert resp.status == 200
 
 
-async def test_streams_one_response_per_token_and_flags_the_last(server: SimServer) -> None:
-    text = InferInput("text_input", [1], "BYTES")
-    text.set_data_from_numpy(np.array([b"a b c d"], dtype=np.object_))
-    max_tokens = InferInput("sampling_param_max_tokens", [1], "INT32")
-    max_tokens.set_data_from_numpy(np.array([3], dtype=np.int32))
+def infer_input(name: str, datatype: str, value: np.ndarray) -> InferInput:
+    inp = InferInput(name, list(value.shape), datatype)
+    inp.set_data_from_numpy(value)
+    return inp
 
-    async def requests() -> AsyncIterator[dict[str, object]]:
-        yield {"model_name": "llm", "inputs": [text, max_tokens], "request_id": "r1"}
+
+async def one(request: dict[str, object]) -> AsyncIterator[dict[str, object]]:
+    """A request stream that sends `request` and nothing else."""
+    yield request
+
+
+async def test_streams_one_response_per_token_and_flags_the_last(server: SimServer) -> None:
+    text = infer_input("text_input", "BYTES", np.array([b"a b c d"], dtype=np.object_))
+    max_tokens = infer_input("sampling_param_max_tokens", "INT32", np.array([3], dtype=np.int32))
+    request = {"model_name": "llm", "inputs": [text, max_tokens], "request_id": "r1"}
 
     finals = []
     async with InferenceServerClient(f"127.0.0.1:{server.port}") as client:
-        async for result, error in client.stream_infer(requests()):
+        async for result, error in client.stream_infer(one(request)):
             assert error is None
             response = result.get_response()
             assert response.id == "r1"
@@ -137,16 +144,11 @@ async def test_streams_one_response_per_token_and_flags_the_last(server: SimServ
 
 
 async def test_undeclared_inputs_are_rejected_like_triton(server: SimServer) -> None:
-    text = InferInput("text_input", [1], "BYTES")
-    text.set_data_from_numpy(np.array([b"hello"], dtype=np.object_))
-    bogus = InferInput("bogus", [1], "INT32")
-    bogus.set_data_from_numpy(np.array([1], dtype=np.int32))
-
-    async def requests() -> AsyncIterator[dict[str, object]]:
-        yield {"model_name": "llm", "inputs": [text, bogus]}
+    text = infer_input("text_input", "BYTES", np.array([b"hello"], dtype=np.object_))
+    bogus = infer_input("bogus", "INT32", np.array([1], dtype=np.int32))
 
     async with InferenceServerClient(f"127.0.0.1:{server.port}") as client:
-        stream = client.stream_infer(requests())
+        stream = client.stream_infer(one({"model_name": "llm", "inputs": [text, bogus]}))
         _, error = await anext(aiter(stream))
         stream.cancel()
     assert error is not None and "unexpected inference input 'bogus'" in str(error)
