@@ -8,14 +8,12 @@ does not load Kopf or the Kubernetes client.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 
-from infertune_tuner.errors import InputError
+from infertune_operator.cli_errors import EXIT_INVALID, user_errors
 
 app = typer.Typer(
     name="infertune",
@@ -24,28 +22,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-EXIT_INVALID = 2
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = EXIT_INVALID) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def user_errors(func: F) -> F:
-    """Turn InputError into `error: ...` on stderr and exit 2."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except InputError as exc:
-            raise fail(str(exc)) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 @app.command()

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infertune_operator.cli import fail, user_errors
+from infertune_operator.cli_errors import fail, user_errors
 from infertune_tuner.errors import InputError
 
 EXIT_SOME_FAILED = 1

@@ -12,16 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from infertune_operator.cli_errors import fail, user_errors
+
 if TYPE_CHECKING:
     from infertune_operator.k8s import Kube
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    from infertune_operator.cli import fail as cli_fail
-
-    return cli_fail(message, code)
 
 
 def _kube() -> Kube:
@@ -177,9 +173,7 @@ def report(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the commands to the main app (called from ``cli.py``; imports it lazily)."""
-    from infertune_operator.cli import user_errors
-
+    """Add the commands to the main app (called from ``cli.py``)."""
     app.command("operator")(operator)
     app.command("tune-job")(user_errors(tune_job))
     app.command("report")(user_errors(report))

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infertune_operator.cli import EXIT_INVALID, fail, user_errors
+from infertune_operator.cli_errors import fail, user_errors
 from infertune_tuner.errors import InputError
 
 EXIT_NO_FEASIBLE = 3
@@ -269,4 +269,4 @@ def register(app: typer.Typer) -> None:
     del tune, predict, gpus, models  # registered on the app
 
 
-__all__ = ["EXIT_INVALID", "EXIT_NO_FEASIBLE", "fail", "register"]
+__all__ = ["EXIT_NO_FEASIBLE", "EXIT_TRIALS_FAILED", "register"]
