@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from infertune_tuner.perfmodel.latency import Percentiles
 
 TrialStatus = Literal["ok", "oom", "error"]
+MAX_TURN_REQUESTS = 1024  # several turns of a large batch: enough for a stable steady state
+MAX_REQUESTS_PER_TRIAL = 2048
+# A tail percentile is only as good as the requests beyond it: keep at least this many.
+SAMPLES_BEYOND_PERCENTILE = 20
+_QUANTILE = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+def trial_requests(max_batch_size: int, percentiles: Iterable[str] = ()) -> int:
+    """Requests one trial measures: several full turns of the batch (4 x max batch, at least
+    64, at most MAX_TURN_REQUESTS), and enough for the highest bounded percentile to rest on
+    SAMPLES_BEYOND_PERCENTILE requests beyond it (a p99 bound: 2000), at most
+    MAX_REQUESTS_PER_TRIAL."""
+    need = min(max(4 * max_batch_size, 64), MAX_TURN_REQUESTS)
+    for p in percentiles:
+        need = max(need, math.ceil(SAMPLES_BEYOND_PERCENTILE / (1 - _QUANTILE[p]) - 1e-9))
+    return min(need, MAX_REQUESTS_PER_TRIAL)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import shlex
 import shutil
 import string
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from infertune_tuner.config import TrialConfig
@@ -47,20 +48,20 @@ from infertune_tuner.harness.triton_repo import (
     model_path_for,
     render_model_repository,
 )
-from infertune_tuner.measurement import Measurement
+from infertune_tuner.measurement import Measurement, trial_requests
 from infertune_tuner.request import TuningRequest
 
 PLACEHOLDERS = frozenset({
     "port", "http_port", "metrics_port", "tp", "max_batch_size", "quantization",
     "kv_cache_dtype", "model", "gpu", "model_repo", "served_model", "model_path",
 })  # fmt: skip
-MAX_REQUESTS_PER_TRIAL = 1024
 MAX_WARMUP = 256
 
 
-def default_requests(max_batch_size: int) -> int:
-    """4 x max batch (at least 64, at most 1024): several full turns of the batch."""
-    return min(max(4 * max_batch_size, 64), MAX_REQUESTS_PER_TRIAL)
+def default_requests(max_batch_size: int, percentiles: Iterable[str] = ()) -> int:
+    """4 x max batch (at least 64): several full turns of the batch; more when a tail
+    percentile is bounded (see measurement.trial_requests)."""
+    return trial_requests(max_batch_size, percentiles)
 
 
 def default_warmup(max_batch_size: int) -> int:
@@ -154,7 +155,8 @@ class TritonBackend:
             url=f"127.0.0.1:{port}",
             model=SERVED_MODEL,
             concurrency=b,
-            requests=self.requests_per_trial or default_requests(b),
+            requests=self.requests_per_trial
+            or default_requests(b, [s.percentile for s in self.request.slo]),
             warmup=self.warmup if self.warmup is not None else default_warmup(b),
             input_tokens=self.request.workload.input_tokens,
             output_tokens=self.request.workload.output_tokens,
