@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr
 
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.perfmodel.memory import FREE_GPU_MEMORY_FRACTION
@@ -32,8 +33,6 @@ _GRID = np.linspace(-0.3, 0.3, 241)
 
 
 def _phi(x: np.ndarray) -> np.ndarray:
-    from scipy.special import ndtr
-
     return np.asarray(ndtr(x))
 
 

@@ -126,7 +126,9 @@ class Quantity:
 
     def predict(self, configs: Sequence[TrialConfig]) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and covariance of the log-residual at `configs`."""
-        x = np.array([features(c) for c in configs]).reshape(len(configs), -1)
+        if not configs:
+            return np.zeros(0), np.zeros((0, 0))
+        x = np.array([features(c) for c in configs])
         prior = _kernel(x, x, self.sigma_global, self.sigma_local)
         if self.chol is None:
             return np.zeros(len(configs)), prior
@@ -143,13 +145,21 @@ class Quantity:
     def sample(
         self, configs: Sequence[TrialConfig], n: int, rng: np.random.Generator
     ) -> np.ndarray:
-        """`n` joint draws of the log-residual at `configs` (shape n x len(configs))."""
-        mean, cov = self.predict(configs)
-        m = len(configs)
-        if m == 0:
+        """`n` joint draws of the log-residual at `configs` (shape n x len(configs)).
+
+        Configurations with the same features (twins) share their draws."""
+        if not configs:
             return np.zeros((n, 0))
-        # Eigen-decomposition tolerates the near-singular covariance of twin configurations.
-        vals, vecs = np.linalg.eigh(cov)
-        root = vecs * np.sqrt(np.clip(vals, 0.0, None))
-        z = rng.standard_normal((n, m))
-        return mean + z @ root.T
+        keys = [tuple(features(c)) for c in configs]
+        unique = list(dict.fromkeys(keys))
+        where = {k: i for i, k in enumerate(unique)}
+        pts = [configs[keys.index(k)] for k in unique]
+        mean, cov = self.predict(pts)
+        scale = self.sigma_global**2 + self.sigma_local**2
+        try:
+            root = np.linalg.cholesky(cov + np.eye(len(pts)) * 1e-9 * scale)
+        except np.linalg.LinAlgError:  # numerically not positive definite: fall back
+            vals, vecs = np.linalg.eigh(cov)
+            root = vecs * np.sqrt(np.clip(vals, 0.0, None))
+        draws = mean + rng.standard_normal((n, len(pts))) @ root.T
+        return draws[:, [where[k] for k in keys]]

@@ -73,11 +73,17 @@ class AutoSampler(BaseSampler):
         self._pending: dict[int, TrialConfig] = {}
         self.decisions: dict[int, Decision] = {}
         self.last: Decision | None = None
+        self._state: object = None
 
     def _decide(self, known: Known) -> Decision:
         remaining = self._budget - known.executed - len(known.in_flight)
+        # after_trial and the next sample_relative usually see the same state: decide once.
+        state = (tuple((c, len(ms)) for c, ms in sorted(known.runs.items())),
+                 frozenset(known.in_flight), remaining)  # fmt: skip
+        if self.last is not None and self._state == state:
+            return self.last
         decision = self._planner.decide(known, remaining=remaining)
-        self.last = decision
+        self.last, self._state = decision, state
         return decision
 
     def _with_pending(self, known: Known, exclude: int | None = None) -> Known:

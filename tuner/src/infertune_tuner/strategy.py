@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from scipy.special import ndtr
 
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.known import Known, implied_infeasible, measured_twin
@@ -40,6 +41,9 @@ STOP_PROBABILITY = 0.05
 MIN_PROBES = 3
 CONFIRM_MARGIN = 0.05  # an SLO margin under this is within the noise of a p95/p99
 DRAWS = 768
+# Candidates whose marginal chance to beat the incumbent is below this are not drawn jointly.
+NEGLIGIBLE = 1e-3
+JOINT_AT_LEAST = 8
 
 Purpose = Literal["explore", "confirm", "probe"]
 
@@ -162,52 +166,96 @@ class Planner:
                 ruled[c] = why
         return out, ruled
 
+    def _marginal(
+        self, cands: list[TrialConfig], qs: dict[str, Quantity], fit: FitModel, threshold: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per candidate, ignoring correlations: P(success), P(fit) and P(beats `threshold`)."""
+        if not cands:
+            z = np.zeros(0)
+            return z, z, z
+        mean, sd = qs["tps"].marginal(cands)
+        sd = np.maximum(sd, 1e-9)
+        log_tps = np.log([self.priors[c].output_tokens_per_s_per_gpu for c in cands]) + mean
+        p = np.ones(len(cands))
+        for b, key in zip(self.request.slo, self.keys, strict=True):
+            mu, s = qs[key].marginal(cands)
+            pred = np.log([_predicted(self.priors[c], b) for c in cands]) + mu
+            p *= ndtr((math.log(b.max_ms) - pred) / np.maximum(s, 1e-9))
+        floor = self.request.min_output_tokens_per_s_per_gpu
+        if floor is not None:
+            p *= ndtr((log_tps - math.log(floor)) / sd)
+        p_fit = fit.probability(np.array([self.margin[c] for c in cands]))
+        p_success = p * p_fit
+        if threshold <= 0:
+            return p_success, p_fit, p_success
+        return p_success, p_fit, p_success * ndtr((log_tps - math.log(threshold)) / sd)
+
     def assess(self, known: Known, *, include_in_flight: bool = True) -> Assessment:
-        """Sample the posterior jointly over the untried, in-flight and measured feasible."""
+        """Sample the posterior jointly over the untried, in-flight and measured feasible.
+
+        Candidates whose marginal chance to beat the incumbent is negligible (< `NEGLIGIBLE`,
+        with the incumbent's own noise allowed for) are left out of the joint draws; they keep
+        their marginal probabilities."""
         cands, ruled = self.candidates(known)
         flying = sorted(known.in_flight - set(known.measured)) if include_in_flight else []
         best = known.best()
         feasible = sorted(known.feasible())
-        pool = cands + flying + feasible
+        qs = self._quantities(known)
+        fit_model = self._fit_model(known)
+        slack = 0.0
+        if best is not None:
+            slack = 3 * float(qs["tps"].marginal([best])[1][0])
+        threshold = known.best_tps() * (1 + IMPROVEMENT) * math.exp(-slack)
+        m_success, m_fit, m_beat = self._marginal(cands, qs, fit_model, threshold)
+        order = np.argsort(-m_beat, kind="stable")
+        keep = [i for i in order if m_beat[i] >= NEGLIGIBLE] or list(order[:1])
+        keep = sorted(set(keep) | set(order[:JOINT_AT_LEAST].tolist()))
+        joint = [cands[i] for i in keep] + flying
+        pool = joint + feasible
         n, m = self.draws, len(pool)
         rng = np.random.default_rng([self.seed, known.executed, m])
-        qs = self._quantities(known)
         prior_tps = np.array([self.priors[c].output_tokens_per_s_per_gpu for c in pool])
         tps = prior_tps * np.exp(qs["tps"].sample(pool, n, rng))
-        untested = len(cands) + len(flying)
+        untested = len(joint)
         success = np.ones((n, m), dtype=bool)
         for b, key in zip(self.request.slo, self.keys, strict=True):
-            pred = np.array([_predicted(self.priors[c], b) for c in pool[:untested]])
-            lat = pred * np.exp(qs[key].sample(pool[:untested], n, rng))
+            pred = np.array([_predicted(self.priors[c], b) for c in joint])
+            lat = pred * np.exp(qs[key].sample(joint, n, rng))
             success[:, :untested] &= lat <= b.max_ms
         if self.request.min_output_tokens_per_s_per_gpu is not None:
             success[:, :untested] &= (
                 tps[:, :untested] >= self.request.min_output_tokens_per_s_per_gpu
             )
-        fit_model = self._fit_model(known)
-        margins = np.array([self.margin[c] for c in pool])
-        p_fit = np.ones(m)
-        p_fit[:untested] = fit_model.probability(margins[:untested])
+        margins = np.array([self.margin[c] for c in joint])
         delta = fit_model.sample(n, rng)
-        success[:, :untested] &= (margins[None, :untested] + delta[:, None]) > 0
+        success[:, :untested] &= (margins[None, :] + delta[:, None]) > 0
         if best is not None:
             inc = pool.index(best)
-            threshold = (1 + IMPROVEMENT) * tps[:, inc : inc + 1]
-            beats = success & (tps > threshold)
+            line = (1 + IMPROVEMENT) * tps[:, inc : inc + 1]
+            beats = success & (tps > line)
             beats[:, inc] = False
         else:
-            threshold = np.zeros((n, 1))
+            line = np.zeros((n, 1))
             beats = success.copy()
-        gain = np.where(beats, tps - threshold, 0.0).mean(axis=0)
+        gain = np.where(beats, tps - line, 0.0).mean(axis=0)
+        # Arrays over all candidates (marginal where not drawn jointly), then the rest of the pool.
+        full = cands + flying + feasible
+        p_beat = np.concatenate([m_beat, np.zeros(len(flying) + len(feasible))])
+        p_success = np.concatenate([m_success, np.ones(len(flying) + len(feasible))])
+        p_fit = np.concatenate([m_fit, np.ones(len(flying) + len(feasible))])
+        g = np.zeros(len(full))
+        for j, c in enumerate(pool):
+            i = full.index(c) if j >= len(keep) else keep[j]
+            p_beat[i], p_success[i], g[i] = beats[:, j].mean(), success[:, j].mean(), gain[j]
         return Assessment(
             best=best,
             best_tps=known.best_tps(),
             candidates=cands,
-            pool=pool,
-            p_beat=beats.mean(axis=0),
-            p_success=success.mean(axis=0),
+            pool=full,
+            p_beat=p_beat,
+            p_success=p_success,
             p_fit=p_fit,
-            gain=gain,
+            gain=g,
             p_any=float(beats.any(axis=1).mean()) if m else 0.0,
             p_untried=float(beats[:, :untested].any(axis=1).mean()) if untested else 0.0,
             ruled=ruled,

@@ -88,5 +88,10 @@ class WorldBackend:
         rng = _rng("truth", self.family, self._gpu.key, self._seed, config.label())
         return self._measure(config, rng, noisy=False, requests=TRUTH_REQUESTS)
 
+    @property
+    def noise(self) -> float:
+        """The pool's run-to-run noise (relative standard deviation of a run's timings)."""
+        return self._knobs.noise if self._knobs is not None else 0.02
+
     def close(self) -> None:
         return None
