@@ -52,7 +52,7 @@ def _admissible(study: Study) -> set[TrialConfig]:
 
 def test_a_wrapped_sampler_never_proposes_a_ruled_out_or_measured_configuration() -> None:
     for name in ("tpe", "random", "grid"):
-        sampler = SkipRuledOut(make_base_sampler(name, DISTS, 0), _admissible, seed=0)
+        sampler = SkipRuledOut(make_base_sampler(name, DISTS, 0), _admissible, DISTS, seed=0)
         study = optuna.create_study(direction="maximize", sampler=sampler)
         study.optimize(_objective, n_trials=len(ALL - BLOCKED))
         got = [config_of(t.params) for t in study.trials]
@@ -66,3 +66,26 @@ def test_the_budget_callback_counts_what_counts_and_records_why_it_stopped() -> 
     study.optimize(_objective, n_trials=100, callbacks=[BudgetCallback(5, executed)])
     assert len(study.trials) == 5
     assert study.user_attrs[STOP_REASON] == "budget: maxTrials (5) executed"
+
+
+def test_a_parameter_with_one_choice_still_counts_in_a_relative_proposal() -> None:
+    # Optuna leaves single-choice parameters out of TPE's relative proposals.
+    dists = {**DISTS, "kv_cache_dtype": CategoricalDistribution(["auto"])}
+    space = {c for c in ALL if c.kv_cache_dtype == "auto"}
+    blocked = {c for c in space if c.tp == 1}
+
+    def admissible(study: Study) -> set[TrialConfig]:
+        return space - blocked - _measured(study)
+
+    def objective(trial: optuna.Trial) -> float:
+        cfg = config_of({k: trial.suggest_categorical(k, d.choices) for k, d in dists.items()})
+        return float(cfg.tp * cfg.max_batch_size)
+
+    sampler = SkipRuledOut(
+        optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=2),
+        admissible, dists, seed=0,
+    )  # fmt: skip
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(objective, n_trials=len(space - blocked))
+    got = [config_of(t.params) for t in study.trials]
+    assert not set(got) & blocked and len(got) == len(set(got))

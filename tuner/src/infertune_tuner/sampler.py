@@ -140,10 +140,24 @@ Admissible = Callable[[Study], set[TrialConfig]]
 class SkipRuledOut(BaseSampler):
     """Wraps a sampler so that it only proposes admissible configurations."""
 
-    def __init__(self, base: BaseSampler, admissible: Admissible, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        base: BaseSampler,
+        admissible: Admissible,
+        distributions: dict[str, BaseDistribution],
+        *,
+        seed: int = 0,
+    ) -> None:
         self._base = base
         self._admissible = admissible
         self._rng = random.Random(seed)
+        # Parameters with a single choice are never part of a relative proposal: Optuna fixes
+        # them. They still belong to the configuration a proposal stands for.
+        self._fixed = {
+            k: d.choices[0]
+            for k, d in distributions.items()
+            if isinstance(d, CategoricalDistribution) and len(d.choices) == 1
+        }
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
@@ -154,7 +168,8 @@ class SkipRuledOut(BaseSampler):
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
         params = self._base.sample_relative(study, trial, search_space)
-        if set(CONFIG_KEYS) <= set(params) and config_of(params) not in self._admissible(study):
+        full = {**self._fixed, **params}
+        if set(CONFIG_KEYS) <= set(full) and config_of(full) not in self._admissible(study):
             return {}  # sampled again, parameter by parameter, under the rules
         return params
 

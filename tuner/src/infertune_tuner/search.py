@@ -241,7 +241,7 @@ class Search:
             study.sampler = self.auto
         else:
             base = make_base_sampler(request.tuning.sampler, self.dists, seed)
-            study.sampler = SkipRuledOut(base, self.admissible, seed=seed)
+            study.sampler = SkipRuledOut(base, self.admissible, self.dists, seed=seed)
 
     def known(self, study: Study, extra: FrozenTrial | None = None) -> Known:
         return known_from(self.request, study, self.run_id, extra)
