@@ -55,7 +55,9 @@ def combine(runs: list[Measurement]) -> tuple[Measurement, Measurement]:
         if all(getattr(m, name) is not None for m in ok)
     }
     tps = [m.output_tokens_per_s_per_gpu or 0.0 for m in ok]
+    seen = [m.concurrency for m in ok if m.concurrency is not None]
     common = {
+        "concurrency": min(seen) if len(seen) == len(ok) else None,
         "status": "ok",
         **lat,
         "requests": sum(m.requests for m in ok),
@@ -149,8 +151,14 @@ def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
     """A reason `cfg` need not run, given what was measured; None if it still might."""
     dims = _mem_dims(cfg)
     for other, m in known.measured.items():
-        if m.status == "oom" and all(a >= b for a, b in zip(dims, _mem_dims(other), strict=True)):
+        larger = all(a >= b for a, b in zip(dims, _mem_dims(other), strict=True))
+        if m.status == "oom" and larger:
             return f"at least as large in memory as {other.label()}, which ran out of memory"
+        if larger and cfg.max_batch_size >= other.max_batch_size and m.capped(other.max_batch_size):
+            return (
+                f"at least as large in memory as {other.label()}, whose KV cache held only "
+                f"{m.concurrency:.0f} of its {other.max_batch_size} sequences"
+            )
         if m.status != "ok" or (other.tp, other.quantization, other.kv_cache_dtype) != (
             cfg.tp,
             cfg.quantization,

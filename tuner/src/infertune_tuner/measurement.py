@@ -10,6 +10,7 @@ from typing import Literal
 from infertune_tuner.perfmodel.latency import Percentiles
 
 TrialStatus = Literal["ok", "oom", "error"]
+CAPPED_SHARE = 0.98  # a peak below this share of the max batch: some requests waited for KV room
 MAX_TURN_REQUESTS = 1024  # several turns of a large batch: enough for a stable steady state
 MAX_REQUESTS_PER_TRIAL = 2048
 # A tail percentile is only as good as the requests beyond it: keep at least this many.
@@ -39,6 +40,17 @@ class Measurement:
     errors: int = 0
     reason: str | None = None  # why it failed: OOM message, log tail, "not in table"
     duration_s: float = 0.0
+    # The most requests seen decoding at once. Below the max batch when the KV cache could not
+    # hold max-batch sequences and the server queued the rest (None: not observed).
+    concurrency: float | None = None
+
+    def capped(self, max_batch_size: int) -> bool:
+        """Whether the server ran fewer sequences at once than the max batch (KV-limited)."""
+        return (
+            self.status == "ok"
+            and self.concurrency is not None
+            and self.concurrency < CAPPED_SHARE * max_batch_size
+        )
 
     @classmethod
     def failed(cls, status: TrialStatus, reason: str) -> Measurement:

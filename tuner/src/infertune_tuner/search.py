@@ -114,6 +114,7 @@ def measurement_to_attr(m: Measurement) -> dict[str, Any]:
         "errors": m.errors,
         "reason": m.reason,
         "duration_s": m.duration_s,
+        "concurrency": m.concurrency,
     }
 
 
@@ -131,6 +132,7 @@ def measurement_from_attr(d: dict[str, Any]) -> Measurement:
         errors=d.get("errors", 0),
         reason=d.get("reason"),
         duration_s=d.get("duration_s", 0.0),
+        concurrency=d.get("concurrency"),
     )
 
 

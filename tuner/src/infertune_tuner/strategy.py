@@ -129,6 +129,8 @@ class Planner:
             p = self.priors.get(cfg)
             if not ok or p is None or known.measured[cfg].status != "ok":
                 continue
+            if any(m.capped(cfg.max_batch_size) for m in ok):
+                continue  # queueing behind a full KV cache, not the model's shape: memory evidence
             logs = [
                 math.log((m.output_tokens_per_s_per_gpu or 0.0) / p.output_tokens_per_s_per_gpu)
                 for m in ok
@@ -144,8 +146,9 @@ class Planner:
         return {k: Quantity.fit(k, v, noise=learned_noise(k, reps[k])) for k, v in obs.items()}
 
     def _fit_model(self, known: Known) -> FitModel:
+        """Fits = the KV cache held max-batch sequences: an OOM or a capped run says no."""
         outcomes = [
-            (self.margin[c], m.status != "oom")
+            (self.margin[c], m.status != "oom" and not m.capped(c.max_batch_size))
             for c, m in known.measured.items()
             if c in self.margin and m.status in ("ok", "oom")
         ]

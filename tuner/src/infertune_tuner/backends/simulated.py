@@ -112,6 +112,7 @@ class SimulatedBackend:
                 m.output_tokens_per_s_per_gpu or 0.0 for m in runs
             ),
             requests=runs[0].requests, duration_s=runs[0].duration_s,
+            concurrency=runs[0].concurrency,
         )  # fmt: skip
 
     def measure(self, config: TrialConfig, *, repeat: int = 0, noisy: bool = True) -> Measurement:
@@ -153,6 +154,7 @@ class SimulatedBackend:
         return Measurement(
             status="ok", ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, output_tokens_per_s_per_gpu=tps,
             requests=requests, errors=0, duration_s=requests / config.max_batch_size * e2e.p50 / 1e3,
+            concurrency=min(config.max_batch_size, mem.max_concurrent_sequences),
         )  # fmt: skip
 
     def close(self) -> None:

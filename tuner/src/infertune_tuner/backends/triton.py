@@ -213,6 +213,7 @@ class TritonBackend:
             errors=r.errors,
             reason="; ".join(notes) or None,
             duration_s=r.duration_s,
+            concurrency=r.peak_decoding,
         )
 
     def close(self) -> None:

@@ -71,6 +71,7 @@ class WorldBackend:
             requests=r.requests,
             errors=0,
             duration_s=r.duration_s,
+            concurrency=b,
         )
 
     def run(self, config: TrialConfig) -> Measurement:
