@@ -19,13 +19,12 @@ from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.perfmodel import predict
 from infertune_tuner.perfmodel.factors import BORROWED, default_efficiency
 from infertune_tuner.perfmodel.fit import ALL_POINTS, FITS, discordant, generation
-from infertune_tuner.perfmodel.fitted import FITTED
 from infertune_tuner.perfmodel.maxload import bench_max_num_tokens
 from infertune_tuner.perfmodel.points import SpeedupPoint, ThroughputPoint
 from infertune_tuner.perfmodel.residuals import Residual, markdown, residuals
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = {s: {g: default_efficiency(g, s) for g in gens} for s, gens in FITTED.items()}
+COMMITTED = {s: {g: default_efficiency(g, s) for g in fit.generations} for s, fit in FITS.items()}
 RESIDUALS = residuals(COMMITTED)
 
 

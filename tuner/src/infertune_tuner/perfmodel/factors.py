@@ -78,7 +78,10 @@ def calibrated(stack: str, architecture: str) -> bool:
 
 
 _BY_STACK: dict[str, dict[str, Efficiency]] = {
-    stack: {arch: Efficiency(**FITTED[stack][gen]) for arch, gen in BORROWED[stack].items()}
+    stack: {
+        arch: Efficiency(**FITTED[stack]["shared"], **FITTED[stack][gen])
+        for arch, gen in BORROWED[stack].items()
+    }
     for stack in STACKS
 }
 

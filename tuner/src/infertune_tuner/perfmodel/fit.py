@@ -104,12 +104,16 @@ class StackFit:
         out = []
         for n in self.names:
             g, _, k = n.rpartition(".")
-            out.append(table[g or self.generations[0]][k])
+            out.append(table[g or "shared"][k])
         return tuple(out)
 
     def table(self, x: Sequence[float]) -> dict[str, dict[str, float]]:
-        """fitted.py's entry for this stack."""
-        return {g: _fields(e) for g, e in self.factors(x).items()}
+        """fitted.py's entry for this stack: the shared factors, then each generation's own."""
+        effs = self.factors(x)
+        first = effs[self.generations[0]]
+        return {"shared": {k: getattr(first, k) for k in SHARED}} | {
+            g: {k: getattr(e, k) for k in PER_GENERATION} for g, e in effs.items()
+        }
 
     def loss(self, x: Sequence[float]) -> float:
         effs = self.factors(x)
@@ -170,10 +174,6 @@ def discordant(pairs: Sequence[tuple[float, float]]) -> list[tuple[int, float, f
 def _clip(v: float, bounds: tuple[float, float]) -> float:
     lo, hi = bounds
     return min(max(v, lo), hi)
-
-
-def _fields(e: Efficiency) -> dict[str, float]:
-    return {k: getattr(e, k) for k in (*PER_GENERATION, *SHARED)}
 
 
 FITS: dict[str, StackFit] = {

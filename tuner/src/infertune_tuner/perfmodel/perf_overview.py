@@ -29,29 +29,27 @@ interleaved MoE), and the RTX 6000 Pro Blackwell Server Edition (not in the GPU 
 
 from __future__ import annotations
 
-from infertune_tuner.perfmodel.points import Source, ThroughputPoint
+from infertune_tuner.perfmodel.points import Role, Source, ThroughputPoint
 
-_SITE = "NVIDIA/TensorRT-LLM docs, nvidia.github.io/TensorRT-LLM/"
-V100 = Source(
-    "trtllm-1.0.0", "trtllm-1.2", "fit", "TensorRT-LLM 1.0.0 perf overview (H100)",
-    _SITE + "1.0.0/performance/perf-overview.html",
-)  # fmt: skip
-V110 = Source(
-    "trtllm-1.1.0", "trtllm-1.2", "fit", "TensorRT-LLM 1.1.0 perf overview (H100)",
-    _SITE + "1.1.0/developer-guide/perf-overview.html",
-)  # fmt: skip
-V120 = Source(
-    "trtllm-1.2", "trtllm-1.2", "fit", "TensorRT-LLM release/1.2 perf overview (B200)",
-    _SITE + "1.2.0/developer-guide/perf-overview.html",
-)  # fmt: skip
-HOLDOUT_120 = Source(
-    "trtllm-1.2-h200", "trtllm-1.2", "holdout", "TensorRT-LLM release/1.2 perf overview (H200)",
-    _SITE + "1.2.0/developer-guide/perf-overview.html",
-)  # fmt: skip
-HOLDOUT_100 = Source(
-    "trtllm-1.0.0-h200", "trtllm-1.2", "holdout", "TensorRT-LLM 1.0.0 perf overview (H200)",
-    _SITE + "1.0.0/performance/perf-overview.html",
-)  # fmt: skip
+_PAGES = {  # release -> its published perf-overview page
+    "1.0.0": "1.0.0/performance/perf-overview.html",
+    "1.1.0": "1.1.0/developer-guide/perf-overview.html",
+    "release/1.2": "1.2.0/developer-guide/perf-overview.html",
+}
+
+
+def _source(key: str, role: Role, release: str, gpu: str) -> Source:
+    return Source(
+        key, "trtllm-1.2", role, f"TensorRT-LLM {release} perf overview ({gpu})",
+        "NVIDIA/TensorRT-LLM docs, nvidia.github.io/TensorRT-LLM/" + _PAGES[release],
+    )  # fmt: skip
+
+
+V100 = _source("trtllm-1.0.0", "fit", "1.0.0", "H100")
+V110 = _source("trtllm-1.1.0", "fit", "1.1.0", "H100")
+V120 = _source("trtllm-1.2", "fit", "release/1.2", "B200")
+HOLDOUT_120 = _source("trtllm-1.2-h200", "holdout", "release/1.2", "H200")
+HOLDOUT_100 = _source("trtllm-1.0.0-h200", "holdout", "1.0.0", "H200")
 
 _SHAPES_100 = ("128/2048", "128/4096", "500/2000", "1000/1000", "1000/2000", "2048/128",
                "2048/2048", "5000/500", "20000/2000")  # fmt: skip
