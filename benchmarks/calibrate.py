@@ -1,105 +1,146 @@
-"""Fit the performance model's efficiency factors to the public Llama-2-70B sweep.
+"""Fit the performance model's efficiency factors, per stack, to published measurements.
 
-One set of factors per GPU generation (Hopper, Ampere) plus shared step/communication costs,
-never one per point. Minimises the squared log error of tok/s/GPU and E2E latency over all
-published points (scipy Nelder-Mead from several starts, inside the bounds), then prints the factors to paste into
-`infertune_tuner/perfmodel/factors.py` and the predicted-vs-published table.
+Per stack (`trtllm-1.2`: TensorRT-LLM perf-overview tables for H100 and B200 plus FP8/FP16
+speedups; `trtllm-0.5`: the 2023 Llama-2-70B sweep), one set of factors per GPU generation plus
+shared link/overhead costs, never one per point. The objective is `perfmodel.fit.StackFit.loss`.
 
-    python benchmarks/calibrate.py [--starts 8]
+The fit is deterministic: differential evolution with a fixed seed (in log space, inside the
+bounds), Nelder-Mead from its best point, then `StackFit.polish` (a pattern search on the
+4-significant-digit lattice) repeated until it no longer moves. The committed `fitted.py` is
+exactly that end point; tests/perfmodel_tests/test_calibration.py re-runs the polish from it.
+
+Prints, per stack, source and GPU, predicted vs published with the error (H200 rows are held
+out of the fit and only reported). `--write` rewrites perfmodel/fitted.py and the generated
+section of docs/performance-model.md; `--check` exits 1 when the fit differs from fitted.py.
+
+    python benchmarks/calibrate.py [--stack trtllm-1.2] [--generations 60] [--write | --check]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
-from scipy.optimize import minimize
+from scipy.optimize import differential_evolution, minimize
 
-from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
-from infertune_tuner.perfmodel import Efficiency, predict
-from infertune_tuner.perfmodel.reference import MODEL, POINTS, WORKLOAD
+from infertune_tuner.perfmodel.factors import Efficiency
+from infertune_tuner.perfmodel.fit import FITS, StackFit
+from infertune_tuner.perfmodel.fitted import FITTED
+from infertune_tuner.perfmodel.residuals import markdown
 
-SHARED = {
-    "link": (0.3, 0.9),
-    "allreduce_latency_us": (3.0, 30.0),
-    "step_overhead_ms": (0.5, 12.0),
-    "per_seq_overhead_us": (1.0, 80.0),
-}
-PER_GEN = {"weight_bw": (0.3, 0.9), "kv_bw": (0.1, 0.9), "gemm": (0.1, 0.8), "prefill": (0.1, 0.8)}
-GENERATION = {"H100-SXM-80GB": "hopper", "A100-SXM-80GB": "ampere"}
+ROOT = Path(__file__).resolve().parents[1]
+FITTED_PY = ROOT / "tuner/src/infertune_tuner/perfmodel/fitted.py"
+DOCS = ROOT / "docs/performance-model.md"
+BEGIN, END = "<!-- BEGIN calibrate.py output -->", "<!-- END calibrate.py output -->"
 
 
-def factors_from(params: dict[str, float]) -> dict[str, Efficiency]:
-    shared = {k: params[k] for k in SHARED}
-    return {
-        gen: Efficiency(**{k: params[f"{gen}_{k}"] for k in PER_GEN}, **shared)  # type: ignore[arg-type]
-        for gen in ("hopper", "ampere")
-    }
+def fit_stack(fit: StackFit, generations: int, log: bool = True) -> tuple[float, ...]:
+    """Differential evolution (fixed seed, in log space, inside the bounds), Nelder-Mead from
+    its best point, then `polish` repeated until it no longer moves."""
+    bounds = [(math.log(lo), math.log(hi)) for lo, hi in fit.bounds]
+    t = time.perf_counter()
+    res = differential_evolution(
+        lambda z: fit.loss(np.exp(z)), bounds, seed=1, maxiter=generations, popsize=8,
+        tol=1e-8, mutation=(0.5, 1.0), recombination=0.7, init="sobol", polish=False,
+    )  # fmt: skip
+    if log:
+        print(f"  {fit.stack}: global search loss {res.fun:.5f} ({res.nfev} evaluations, "
+              f"{time.perf_counter() - t:.0f} s)", file=sys.stderr)  # fmt: skip
+    lo, hi = np.array(bounds).T
+
+    def inside(z: np.ndarray) -> float:
+        clipped = np.clip(z, lo, hi)
+        return fit.loss(np.exp(clipped)) + 10 * float(np.sum((z - clipped) ** 2))
+
+    local = minimize(
+        inside, res.x, method="Nelder-Mead",
+        options={"maxiter": 6000, "xatol": 1e-4, "fatol": 1e-8, "adaptive": True},
+    )  # fmt: skip
+    if log:
+        print(f"  {fit.stack}: local search loss {local.fun:.5f} ({local.nfev} evaluations)",
+              file=sys.stderr)  # fmt: skip
+    x = tuple(float(v) for v in np.exp(np.clip(local.x, lo, hi)))
+    while (polished := fit.polish(x)) != x:
+        x = polished
+    if log:
+        print(f"  {fit.stack}: polished loss {fit.loss(x):.5f}", file=sys.stderr)
+    return x
 
 
-def loss(effs: dict[str, Efficiency]) -> float:
-    model = get_model(MODEL)
-    total = 0.0
-    preds = []
-    for p in POINTS:
-        pr = predict(model, get_gpu(p.gpu), p.config, WORKLOAD, effs[GENERATION[p.gpu]])
-        total += math.log(pr.output_tokens_per_s_per_gpu / p.tokens_per_s_per_gpu) ** 2
-        total += math.log(pr.e2e_ms.p50 / p.e2e_ms) ** 2
-        preds.append(pr.output_tokens_per_s_per_gpu)
-    # Ranking: penalise every published pair the prediction orders the other way.
-    for i, a in enumerate(POINTS):
-        for j, b in enumerate(POINTS):
-            if a.tokens_per_s_per_gpu > b.tokens_per_s_per_gpu and preds[i] <= preds[j]:
-                total += 0.05 + math.log(preds[j] / preds[i]) ** 2
-    return total
+def write_fitted(tables: dict[str, dict[str, dict[str, float]]]) -> None:
+    lines = [
+        '"""Generated by `python benchmarks/calibrate.py --write`; do not edit by hand.',
+        "",
+        "Efficiency factors per stack: those its GPU generations share, then each generation's",
+        "own (see factors.py and docs/performance-model.md).",
+        '"""',
+        "",
+        "FITTED: dict[str, dict[str, dict[str, float]]] = {",
+    ]
+    for stack, gens in tables.items():
+        lines.append(f'    "{stack}": {{')
+        for gen, fields in gens.items():
+            lines.append(f'        "{gen}": {{')
+            lines += [f'            "{k}": {v!r},' for k, v in fields.items()]
+            lines.append("        },")
+        lines.append("    },")
+    lines.append("}")
+    FITTED_PY.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-NAMES = list(SHARED) + [f"{g}_{k}" for g in ("hopper", "ampere") for k in PER_GEN]
-BOUNDS = [SHARED.get(n) or PER_GEN[n.split("_", 1)[1]] for n in NAMES]
+def write_docs(section: str) -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    DOCS.write_text(f"{head}{BEGIN}\n{section}{END}{tail}", encoding="utf-8")
 
 
-def objective(x: np.ndarray) -> float:
-    clipped = [min(max(v, lo), hi) for v, (lo, hi) in zip(x, BOUNDS, strict=True)]
-    penalty = sum((v - c) ** 2 for v, c in zip(x, clipped, strict=True))
-    return loss(factors_from(dict(zip(NAMES, clipped, strict=True)))) + 10 * penalty
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--starts", type=int, default=8)
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stack", choices=sorted(FITS), action="append",
+                    help="fit only this stack (repeatable); the others keep fitted.py's values")  # fmt: skip
+    ap.add_argument("--generations", type=int, default=80, help="differential-evolution budget")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite fitted.py and the docs table")
+    mode.add_argument(
+        "--check", action="store_true", help="exit 1 if the fit differs from fitted.py"
+    )
     args = ap.parse_args()
-    rng = np.random.default_rng(1)
-    best = None
-    for _ in range(args.starts):
-        x0 = np.array([rng.uniform(lo, hi) for lo, hi in BOUNDS])
-        res = minimize(
-            objective,
-            x0,
-            method="Nelder-Mead",
-            options={"maxiter": 6000, "xatol": 1e-4, "fatol": 1e-7},
-        )
-        if best is None or res.fun < best.fun:
-            best = res
-    assert best is not None
-    params = {
-        n: round(float(min(max(v, lo), hi)), 4)
-        for n, v, (lo, hi) in zip(NAMES, best.x, BOUNDS, strict=True)
+
+    tables = {s: {g: dict(f) for g, f in gens.items()} for s, gens in FITTED.items()}
+    differs = []
+    for stack in args.stack or list(FITS):
+        fit = FITS[stack]
+        x = fit_stack(fit, args.generations)
+        committed = fit.committed()
+        print(f"{stack}: loss {fit.loss(x):.5f} (fitted.py: {fit.loss(committed):.5f})")
+        for name, new, old in zip(fit.names, x, committed, strict=True):
+            mark = "" if math.isclose(new, old) else f"   (fitted.py: {old:g})"
+            print(f"  {name:32} {new:g}{mark}")
+        if x != committed:
+            differs.append(stack)
+        tables[stack] = fit.table(x)
+
+    factors = {
+        s: {g: Efficiency(**t["shared"], **t[g]) for g in FITS[s].generations}
+        for s, t in tables.items()
     }
-    effs = factors_from(params)
-    print(f"loss {loss(effs):.4f}")
-    for gen, e in effs.items():
-        print(gen.upper(), "=", e)
-    model = get_model(MODEL)
-    for p in POINTS:
-        pr = predict(model, get_gpu(p.gpu), p.config, WORKLOAD, effs[GENERATION[p.gpu]])
-        print(
-            f"{p.gpu:14} {p.config.label():28} tok/s/GPU {pr.output_tokens_per_s_per_gpu:6.0f} vs "
-            f"{p.tokens_per_s_per_gpu:4.0f} ({pr.output_tokens_per_s_per_gpu / p.tokens_per_s_per_gpu - 1:+.0%})  "
-            f"E2E {pr.e2e_ms.p50:6.0f} vs {p.e2e_ms:6.0f} ms ({pr.e2e_ms.p50 / p.e2e_ms - 1:+.0%})"
-        )
+    section = markdown(factors)
+    print()
+    print(section)
+    if args.write:
+        write_fitted(tables)
+        write_docs(section)
+        print(f"wrote {FITTED_PY.relative_to(ROOT)} and {DOCS.relative_to(ROOT)}")
+    if args.check and differs:
+        print(f"the fit differs from fitted.py for {', '.join(differs)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -72,8 +72,9 @@ def test_catalogs_have_the_contract_keys() -> None:
         "H100-SXM-80GB", "H100-PCIE-80GB", "H200-SXM-141GB", "GH200-96GB", "B200-SXM-192GB",
     }  # fmt: skip
     assert set(MODELS) == {
-        "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b",
-        "mixtral-8x7b", "qwen2-7b", "qwen2-72b",
+        "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-8b",
+        "llama-3.1-70b", "llama-3.1-405b", "mistral-7b", "mixtral-8x7b", "qwen2-7b", "qwen2-72b",
+        "qwen3-30b-a3b", "qwen3-235b-a22b",
     }  # fmt: skip
     assert "fp8" not in GPUS["A100-SXM-80GB"].quantizations
     assert "nvfp4" in GPUS["B200-SXM-192GB"].quantizations
@@ -82,6 +83,10 @@ def test_catalogs_have_the_contract_keys() -> None:
 
 def test_model_params_and_moe() -> None:
     assert MODELS["llama-2-70b"].params == pytest.approx(69e9, rel=0.01)
+    assert MODELS["llama-3.1-405b"].params == pytest.approx(405.9e9, rel=0.01)
+    big = MODELS["qwen3-235b-a22b"]  # published: 235B total, 22B active
+    assert big.params == pytest.approx(235e9, rel=0.01)
+    assert big.active_params == pytest.approx(22e9, rel=0.02)
     mix = MODELS["mixtral-8x7b"]
     assert mix.params == pytest.approx(46.7e9, rel=0.01)
     assert mix.active_params == pytest.approx(12.9e9, rel=0.01)

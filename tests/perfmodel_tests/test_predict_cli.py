@@ -20,8 +20,12 @@ def test_json_has_the_contract_keys(cli: CliRunner) -> None:
     for key in ("fits", "weights_gib_per_gpu", "kv_cache_gib_per_gpu", "max_concurrent_sequences",
                 "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s_per_gpu"):  # fmt: skip
         assert key in data
-    assert data["fits"] is True
-    assert 575 < data["output_tokens_per_s_per_gpu"] < 960  # published: 767
+    assert data["fits"] is True and data["stack"] == "trtllm-1.2"
+    # The published 767 tok/s/GPU was measured on TensorRT-LLM v0.5: predict it for that stack.
+    old = json.loads(cli.invoke(app, [*BASE, "--stack", "trtllm-0.5", "--json"]).output)
+    assert old["stack"] == "trtllm-0.5"
+    assert 575 < old["output_tokens_per_s_per_gpu"] < 960  # published: 767
+    assert data["output_tokens_per_s_per_gpu"] > old["output_tokens_per_s_per_gpu"]
 
 
 def test_table_shows_memory_breakdown(cli: CliRunner) -> None:
@@ -38,6 +42,7 @@ def test_table_shows_memory_breakdown(cli: CliRunner) -> None:
         (["--quant", "int3"], "unknown quantization"),
         (["--gpu", "A100-SXM-80GB"], "does not support fp8"),
         (["--tp", "3"], "must divide"),
+        (["--isl", "-1"], "must be positive"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(cli: CliRunner, args: list[str], message: str) -> None:
@@ -47,6 +52,13 @@ def test_bad_input_exits_2_with_a_message(cli: CliRunner, args: list[str], messa
     result = cli.invoke(app, argv)
     assert result.exit_code == 2
     assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unknown_stack_exits_2_with_the_known_ones(cli: CliRunner) -> None:
+    result = cli.invoke(app, [*BASE, "--stack", "vllm-0.9"])
+    assert result.exit_code == 2
+    assert "unknown stack 'vllm-0.9'" in result.output and "trtllm-1.2" in result.output
     assert "Traceback" not in result.output
 
 

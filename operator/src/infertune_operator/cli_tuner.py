@@ -134,6 +134,10 @@ def register(app: typer.Typer) -> None:
         kv_dtype: Annotated[str, typer.Option(help="auto | fp8")] = "auto",
         isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 1024,
         osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 256,
+        stack: Annotated[
+            str | None,
+            typer.Option(help="Serving stack to predict for (default: the one infertune deploys)."),
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     ) -> None:
         """Predict memory fit, latency and throughput of one configuration (no GPU needed)."""
@@ -142,8 +146,10 @@ def register(app: typer.Typer) -> None:
         from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
         from infertune_tuner.config import TrialConfig, Workload
         from infertune_tuner.perfmodel import predict as run_predict
+        from infertune_tuner.perfmodel.factors import DEFAULT_STACK, STACKS
 
         arch, g = resolve_model(model), get_gpu(gpu)
+        stack = stack or DEFAULT_STACK
         problems = []
         if quant not in QUANTIZATIONS:
             problems.append(f"unknown quantization {quant!r}; known: {', '.join(QUANTIZATIONS)}")
@@ -160,13 +166,16 @@ def register(app: typer.Typer) -> None:
             problems.append(f"--tp {tp} must divide the model's {arch.heads} attention heads")
         if batch < 1 or isl < 1 or osl < 1:
             problems.append("--batch, --isl and --osl must be positive")
+        if stack not in STACKS:
+            problems.append(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
         if problems:
             raise InputError("cannot predict", problems)
         cfg = TrialConfig(tp, batch, quant, kv_dtype)
-        p = run_predict(arch, g, cfg, Workload(isl, osl))
+        p = run_predict(arch, g, cfg, Workload(isl, osl), stack=stack)
         mem = p.memory
         result = {
-            "model": arch.key, "gpu": g.key, **cfg.as_dict(), "isl": isl, "osl": osl,
+            "model": arch.key, "gpu": g.key, "stack": stack, **cfg.as_dict(), "isl": isl,
+            "osl": osl, "max_context": arch.max_context,
             "fits": mem.fits, "reason": mem.reason,
             "weights_gib_per_gpu": round(mem.weights_gib_per_gpu, 3),
             "activations_gib_per_gpu": round(mem.activations_gib_per_gpu, 3),
@@ -189,7 +198,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         t = Table(
-            title=f"{arch.key} on {g.key}: {cfg.label()}, {isl} in / {osl} out", show_header=False
+            title=f"{arch.key} on {g.key}: {cfg.label()}, {isl} in / {osl} out ({stack})",
+            show_header=False,
         )
         t.add_column(style="bold")
         t.add_column(justify="right")

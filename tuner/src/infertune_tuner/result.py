@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.perfmodel.factors import DEFAULT_STACK
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.request import TuningRequest
 
@@ -162,6 +163,9 @@ class Report(_M):
     request: dict[str, Any]
     backend: str
     sampler: str
+    # The stack whose efficiency factors the prior's predictions used (run.prior_predictions
+    # predicts with the default stack: the TensorRT-LLM infertune deploys).
+    prior_stack: str = DEFAULT_STACK
     space_size: int
     excluded: list[Excluded] = Field(default_factory=list)
     trials: list[Trial]

@@ -2,7 +2,9 @@
 
 Values that can never run are *excluded* up front with a reason (no GPU time, no prediction):
 a quantization the GPU lacks or whose documented accuracy cost exceeds the allowance, a KV dtype
-the GPU lacks, a TP that does not divide the attention heads or exceeds maxGpusPerReplica.
+the GPU lacks, a TP that does not divide the attention heads or exceeds maxGpusPerReplica, and a
+workload whose input + output exceed the model's maximum context (max_position_embeddings),
+which rules out every configuration.
 What remains is the space; the memory model then prunes configurations that cannot fit.
 """
 
@@ -42,6 +44,10 @@ class SearchSpace:
 def build_space(request: TuningRequest, model: ModelArch, gpu: Gpu) -> SearchSpace:
     s = request.search
     excluded: list[Exclusion] = []
+    w = request.workload
+    too_long = model.context_problem(w.input_tokens, w.output_tokens)
+    if too_long is not None:
+        excluded.append(Exclusion("workload", f"{w.input_tokens}+{w.output_tokens}", too_long))
 
     tps: list[int] = []
     for tp in s.tensor_parallel:
@@ -80,6 +86,7 @@ def build_space(request: TuningRequest, model: ModelArch, gpu: Gpu) -> SearchSpa
     configs = tuple(
         TrialConfig(tp, b, q, kv)
         for tp, b, q, kv in itertools.product(sorted(set(tps)), batches, quants, kvs)
+        if too_long is None
     )
     if not configs:
         reasons = "; ".join(f"{e.field}={e.value}: {e.reason}" for e in excluded)

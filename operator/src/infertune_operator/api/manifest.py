@@ -74,7 +74,8 @@ def find_deployment_document(path: Path) -> dict[str, Any]:
 
 
 def catalog_problems(obj: InferenceDeployment) -> list[Problem]:
-    """Checks that need the tuner's catalogs: a known GPU, a known (or described) model."""
+    """Checks that need the tuner's catalogs: a known GPU, a known (or described) model, and a
+    workload within the model's maximum context."""
     from infertune_tuner.catalog.gpus import get_gpu
     from infertune_tuner.catalog.models import get_model
 
@@ -85,9 +86,14 @@ def catalog_problems(obj: InferenceDeployment) -> list[Problem]:
         problems.append(Problem("spec.gpu.product", str(exc)))
     if obj.spec.model.architecture is None:
         try:
-            get_model(obj.spec.model.name)
+            model = get_model(obj.spec.model.name)
         except InputError as exc:
             problems.append(Problem("spec.model.name", str(exc)))
+        else:
+            w = obj.spec.workload
+            too_long = model.context_problem(w.input_tokens, w.output_tokens)
+            if too_long is not None:
+                problems.append(Problem("spec.workload", too_long))
     return problems
 
 

@@ -13,6 +13,7 @@ import math
 import random
 import statistics
 from collections import Counter
+from dataclasses import replace
 
 from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
@@ -45,10 +46,9 @@ def perturbed_truth(
     )  # fmt: skip
     scale = {f: 1 + rng.uniform(-magnitude, magnitude) for f in fields}
     eff = base.scaled(**scale)
-    eff = eff.__class__(**{
-        f: min(getattr(eff, f), 0.95) if f in ("weight_bw", "kv_bw", "gemm", "prefill", "link")
-        else getattr(eff, f) for f in fields
-    })  # fmt: skip
+    # Fractions of peak stay below 0.95; factors not listed above keep the prior's value.
+    fractions = ("weight_bw", "kv_bw", "gemm", "prefill", "link")
+    eff = replace(eff, **{f: min(getattr(eff, f), 0.95) for f in fractions})
     return eff, RESERVE_GIB + rng.uniform(-0.75, 0.75)
 
 

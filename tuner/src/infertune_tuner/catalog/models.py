@@ -1,4 +1,10 @@
-"""Model catalog: transformer shapes of common open models, Hugging Face ids, config.json loading."""
+"""Model catalog: transformer shapes of common open models, Hugging Face ids, config.json loading.
+
+Shapes are the models' own Hugging Face `config.json` values. `max_context` is
+`max_position_embeddings`: the longest input + output a deployment can serve (`None` when unknown,
+e.g. an architecture given by hand). `head_dim` is the config's `head_dim` where the model sets
+one that differs from hidden_size / heads (Qwen3: 128 with hidden 2048 and 32 heads).
+"""
 
 from __future__ import annotations
 
@@ -21,17 +27,23 @@ class ModelArch:
     vocab_size: int
     experts: int = 1
     experts_active: int = 1
-    max_context: int = 4096
+    max_context: int | None = None  # max_position_embeddings; None: unknown, not checked
     hf_ids: tuple[str, ...] = field(default=(), compare=False)
+    head_dim: int = 0  # 0: hidden_size // heads
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.heads
+    def q_size(self) -> int:
+        """Width of the attention queries (and of the output projection's input)."""
+        return self.heads * self.head_dim
 
     @property
     def attention_params_per_layer(self) -> int:
         kv = self.kv_heads * self.head_dim
-        return self.hidden_size * (2 * self.hidden_size + 2 * kv)  # q, o + k, v
+        return self.hidden_size * (2 * self.q_size + 2 * kv)  # q, o + k, v
 
     @property
     def expert_params_per_layer(self) -> int:
@@ -59,10 +71,32 @@ class ModelArch:
     def valid_tp(self, tp: int) -> bool:
         return tp >= 1 and self.heads % tp == 0
 
+    def context_problem(self, input_tokens: int, output_tokens: int) -> str | None:
+        """Why a request of this length cannot be served, or None when it can (or is unknown)."""
+        total = input_tokens + output_tokens
+        if self.max_context is None or total <= self.max_context:
+            return None
+        return (
+            f"{input_tokens} input + {output_tokens} output = {total} tokens exceed {self.key}'s "
+            f"maximum context of {self.max_context} tokens (max_position_embeddings)"
+        )
+
 
 def _m(key: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
-       ctx: int, hf: tuple[str, ...], experts: int = 1, active: int = 1) -> ModelArch:  # fmt: skip
-    return ModelArch(key, layers, hidden, heads, kv, ffn, vocab, experts, active, ctx, hf)
+       ctx: int, hf: tuple[str, ...], experts: int = 1, active: int = 1,
+       head_dim: int = 0) -> ModelArch:  # fmt: skip
+    return ModelArch(key, layers, hidden, heads, kv, ffn, vocab, experts, active, ctx, hf, head_dim)
+
+
+def _llama31(size: str, *more: str) -> tuple[str, ...]:
+    """Meta's Hugging Face ids of a Llama 3.1 size (both spellings), then any others."""
+    names = (
+        "Llama-3.1-{}",
+        "Llama-3.1-{}-Instruct",
+        "Meta-Llama-3.1-{}",
+        "Meta-Llama-3.1-{}-Instruct",
+    )
+    return tuple("meta-llama/" + n.format(size) for n in names) + more
 
 
 # fmt: off
@@ -75,12 +109,16 @@ MODELS: dict[str, ModelArch] = {m.key: m for m in (
     _m("llama-2-70b",   80, 8192, 64,  8, 28672,  32000,  4096,
        ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf")),
     _m("llama-3-8b",    32, 4096, 32,  8, 14336, 128256,  8192,
-       ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct",
-        "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct")),
+       ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct")),
     _m("llama-3-70b",   80, 8192, 64,  8, 28672, 128256,  8192,
-       ("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct",
-        "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct",
-        "meta-llama/Llama-3.3-70B-Instruct")),
+       ("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct")),
+    _m("llama-3.1-8b",  32, 4096, 32,  8, 14336, 128256, 131072,
+       _llama31("8B", "nvidia/Llama-3.1-8B-Instruct-FP8")),
+    _m("llama-3.1-70b", 80, 8192, 64,  8, 28672, 128256, 131072,
+       _llama31("70B", "meta-llama/Llama-3.3-70B-Instruct", "nvidia/Llama-3.3-70B-Instruct-FP8",
+                "nvidia/Llama-3.3-70B-Instruct-FP4")),
+    _m("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072,
+       _llama31("405B", "nvidia/Llama-3.1-405B-Instruct-FP8", "nvidia/Llama-3.1-405B-Instruct-FP4")),
     _m("mistral-7b",    32, 4096, 32,  8, 14336,  32000, 32768,
        ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1",
         "mistralai/Mistral-7B-Instruct-v0.2", "mistralai/Mistral-7B-Instruct-v0.3")),
@@ -91,6 +129,14 @@ MODELS: dict[str, ModelArch] = {m.key: m for m in (
        ("Qwen/Qwen2-7B", "Qwen/Qwen2-7B-Instruct")),
     _m("qwen2-72b",     80, 8192, 64,  8, 29568, 152064, 32768,
        ("Qwen/Qwen2-72B", "Qwen/Qwen2-72B-Instruct")),
+    # Qwen3 MoE: every layer is MoE; ffn is moe_intermediate_size; head_dim 128 != hidden / heads.
+    _m("qwen3-30b-a3b", 48, 2048, 32,  4,   768, 151936, 40960,
+       ("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-FP8", "nvidia/Qwen3-30B-A3B-FP4"),
+       experts=128, active=8, head_dim=128),
+    _m("qwen3-235b-a22b", 94, 4096, 64, 4,  1536, 151936, 40960,
+       ("Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B-FP8", "nvidia/Qwen3-235B-A22B-FP8",
+        "nvidia/Qwen3-235B-A22B-FP4"),
+       experts=128, active=8, head_dim=128),
 )}
 # fmt: on
 
@@ -116,6 +162,10 @@ def _pick(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def model_from_hf_config(cfg: dict[str, Any], key: str = "custom") -> ModelArch:
     """A ModelArch from a Hugging Face `config.json` dict (Llama/Mistral/Mixtral/Qwen style)."""
     try:
@@ -126,16 +176,20 @@ def model_from_hf_config(cfg: dict[str, Any], key: str = "custom") -> ModelArch:
             hidden_size=int(_pick(cfg, "hidden_size", "n_embd")),
             heads=heads,
             kv_heads=int(_pick(cfg, "num_key_value_heads", default=heads)),
-            ffn_size=int(_pick(cfg, "intermediate_size", "ffn_dim")),
+            # MoE configs that also carry a dense intermediate_size name the expert width apart.
+            ffn_size=int(_pick(cfg, "moe_intermediate_size", "intermediate_size", "ffn_dim")),
             vocab_size=int(_pick(cfg, "vocab_size")),
             experts=int(_pick(cfg, "num_local_experts", "num_experts", default=1)),
             experts_active=int(_pick(cfg, "num_experts_per_tok", default=1)),
-            max_context=int(_pick(cfg, "max_position_embeddings", default=4096)),
+            max_context=_optional_int(_pick(cfg, "max_position_embeddings", "n_positions")),
+            head_dim=int(_pick(cfg, "head_dim", default=0)),
         )
     except (TypeError, ValueError) as exc:
         raise InputError(f"config.json lacks a field infertune needs: {exc}") from None
-    if arch.heads % arch.kv_heads or arch.hidden_size % arch.heads:
-        raise InputError("config.json: heads must divide hidden_size and be a multiple of kv heads")
+    if arch.heads % arch.kv_heads:
+        raise InputError("config.json: num_attention_heads must be a multiple of the KV heads")
+    if arch.hidden_size % arch.heads and not cfg.get("head_dim"):
+        raise InputError("config.json: heads must divide hidden_size (or give head_dim)")
     return arch
 
 

@@ -7,7 +7,8 @@ One engine step, as TensorRT-LLM's scheduler runs it:
    prompts fit the step's token budget (`max_num_tokens` minus one token per decoding
    sequence; a single longer prompt is still admitted, as chunked prefill would); the rest wait,
 2. step time = `decode_ms(active, avg context)` + `prefill_ms(input)` of every request admitted
-   in this step (their prefill runs inside the step and stalls everyone else's next token),
+   in this step (their prefill runs inside the step and stalls everyone else's next token), plus
+   `context_step_overhead_ms` when it admitted any (such a step runs without CUDA graphs),
 3. at the end of the step every active sequence has one more token (an admitted request's first
    token comes out of its prefill); finished sequences leave and free their KV pages.
 
@@ -162,7 +163,9 @@ class Engine:
             return 0.0, admitted
         avg_ctx = sum(s.context for s in self.active) / len(self.active)
         ms = self.steps.decode_ms(len(self.active), avg_ctx)
-        ms += sum(self.steps.prefill_ms(s.input_tokens) for s in admitted)
+        if admitted:
+            ms += sum(self.steps.prefill_ms(s.input_tokens) for s in admitted)
+            ms += self.steps.context_step_overhead_ms
         self.steps_run += 1
         return ms / 1e3 * self.time_scale, admitted
 

@@ -1,14 +1,27 @@
 """Achieved-efficiency factors: the fraction of datasheet peak a serving stack reaches.
 
-One set per GPU generation (never per configuration), fitted by `benchmarks/calibrate.py` against
-the public Llama-2-70B A100/H100 sweep (TensorRT-LLM v0.5, see docs/performance-model.md).
-Ada and Turing borrow Ampere's factors and Blackwell Hopper's until measurements exist; the
-tuner refits a correction from its own trials anyway.
+The factors belong to a *stack* (a TensorRT-LLM generation) and a GPU generation, never to one
+configuration. `benchmarks/calibrate.py` fits them to published measurements and writes them to
+`fitted.py`; docs/performance-model.md lists the sources, the fit and its residuals.
+
+- `trtllm-1.2` (the default): TensorRT-LLM 1.x on the PyTorch backend, what infertune deploys
+  (Triton 26.0x ships TensorRT-LLM 1.2). Fitted to the TensorRT-LLM perf-overview tables: Hopper
+  on H100 SXM (releases 1.0.0 / 1.1.0), Blackwell on B200 (release/1.2), and to the published
+  FP8-vs-FP16 speedups by batch size on H100 (the only 16-bit contrast there is).
+- `trtllm-0.5`: TensorRT-LLM v0.5 (2023, engine builds on the C++ runtime), the stack of the
+  public Llama-2-70B A100/H100 sweep. Kept so old measurements can be compared under the stack
+  that made them.
+
+A GPU generation a stack was not measured on borrows another's factors (`BORROWED`); the tuner
+refits a correction from its own trials anyway.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from infertune_tuner.errors import InputError
+from infertune_tuner.perfmodel.fitted import FITTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,42 +34,61 @@ class Efficiency:
     allreduce_latency_us: float  # fixed cost of one all-reduce (launch + sync)
     step_overhead_ms: float  # scheduler, sampling, launch gaps per engine step
     per_seq_overhead_us: float  # per active sequence per step (sampling, detokenisation)
+    # Extra per step that carries prefills (eager, no CUDA graph); 0 for stacks fitted without it.
+    context_step_overhead_ms: float = 0.0
+    # Share of the host's per-step work hidden under the GPU's (an overlap scheduler); 0: none.
+    host_overlap: float = 0.0
+    # 8/4-bit tensor-core paths reach this share of their peak relative to the 16-bit path's.
+    low_precision: float = 1.0
 
     def scaled(self, **factors: float) -> Efficiency:
         """A copy with fields multiplied by the given factors (used for perturbed truths)."""
         return replace(self, **{k: getattr(self, k) * v for k, v in factors.items()})
 
 
-# Fitted by benchmarks/calibrate.py (see docs/performance-model.md for the residuals).
-HOPPER = Efficiency(
-    weight_bw=0.8496,
-    kv_bw=0.2063,
-    gemm=0.3032,
-    prefill=0.8,
-    link=0.3687,
-    allreduce_latency_us=4.4366,
-    step_overhead_ms=8.3955,
-    per_seq_overhead_us=1.0,
-)
-AMPERE = Efficiency(
-    weight_bw=0.6831,
-    kv_bw=0.3056,
-    gemm=0.2633,
-    prefill=0.7899,
-    link=0.3687,
-    allreduce_latency_us=4.4366,
-    step_overhead_ms=8.3955,
-    per_seq_overhead_us=1.0,
-)
+DEFAULT_STACK = "trtllm-1.2"
 
-BY_ARCHITECTURE: dict[str, Efficiency] = {
-    "turing": AMPERE,
-    "ampere": AMPERE,
-    "ada": AMPERE,
-    "hopper": HOPPER,
-    "blackwell": HOPPER,
+STACKS: dict[str, str] = {
+    "trtllm-1.2": "TensorRT-LLM 1.x, PyTorch backend (what infertune deploys)",
+    "trtllm-0.5": "TensorRT-LLM v0.5 engine builds, C++ runtime (2023; the Llama-2-70B sweep)",
+}
+
+# Per stack: which measured generation's factors an unmeasured generation uses.
+BORROWED: dict[str, dict[str, str]] = {
+    "trtllm-1.2": {
+        "hopper": "hopper", "blackwell": "blackwell",
+        "ampere": "hopper", "ada": "hopper", "turing": "hopper",
+    },
+    "trtllm-0.5": {
+        "hopper": "hopper", "ampere": "ampere",
+        "ada": "ampere", "turing": "ampere", "blackwell": "hopper",
+    },
+}  # fmt: skip
+
+
+def check_stack(stack: str) -> str:
+    if stack not in STACKS:
+        raise InputError(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
+    return stack
+
+
+def calibrated(stack: str, architecture: str) -> bool:
+    """Whether the stack's factors for this GPU generation were fitted, not borrowed."""
+    return BORROWED[check_stack(stack)][architecture] == architecture
+
+
+_BY_STACK: dict[str, dict[str, Efficiency]] = {
+    stack: {
+        arch: Efficiency(**FITTED[stack]["shared"], **FITTED[stack][gen])
+        for arch, gen in BORROWED[stack].items()
+    }
+    for stack in STACKS
 }
 
 
-def default_efficiency(architecture: str) -> Efficiency:
-    return BY_ARCHITECTURE[architecture]
+def default_efficiency(architecture: str, stack: str = DEFAULT_STACK) -> Efficiency:
+    try:
+        return _BY_STACK[stack][architecture]
+    except KeyError:
+        check_stack(stack)
+        raise

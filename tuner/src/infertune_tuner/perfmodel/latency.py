@@ -3,12 +3,17 @@
 Per engine step with B active sequences at average context c (per GPU, TP ranks in parallel):
 
     t_mem     = W_active / (BW * weight_bw) + B * c * kv_bytes_tok / (BW * kv_bw)
-    t_compute = 2 * P_active/TP * B / (peak_q * gemm) + 4 * B * c * L * H/TP * d / (peak * gemm)
+    t_compute = 2 * P_active/TP * B / (peak_q * gemm) + 4 * B * c * L * H*d/TP / (peak_a * gemm)
     t_comm    = 2 L * (ar_latency + 2 (TP-1)/TP * B * hidden * 2 bytes / (link_bw * link))
     t_decode  = max(t_mem, t_compute) + 0.3 * min(t_mem, t_compute) + t_comm
                 + step_overhead + B * per_seq_overhead
-    t_prefill = (2 * P_active/TP * ISL + 2 L * ISL^2 * hidden/TP) / (peak_q * prefill)
+    t_prefill = (2 * P_active/TP * ISL / peak_q + 2 L * ISL^2 * H*d/TP / peak_a) / prefill
                 + t_comm(ISL tokens)
+
+peak_q is the tensor-core peak of the quantization's GEMM path (bf16, fp8 or fp4) times its
+dequantisation efficiency, and for the 8/4-bit paths times `low_precision` (the share of their
+peak they reach relative to the 16-bit path's share); attention runs at peak_a: FP8 with an FP8
+KV cache on a GPU with FP8 tensor cores (TensorRT-LLM's FP8 FMHA), else 16-bit.
 
 Closed loop at concurrency B (each finished request is replaced at once). A step admits new
 requests until their prompts fill the token budget (max_num_tokens = 8192), so k =
@@ -35,9 +40,10 @@ from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.catalog.quantization import QUANTIZATIONS
 from infertune_tuner.config import TrialConfig, Workload
-from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
+from infertune_tuner.perfmodel.factors import DEFAULT_STACK, Efficiency, default_efficiency
 from infertune_tuner.perfmodel.memory import (
     DEFAULT_MAX_NUM_TOKENS,
+    FREE_GPU_MEMORY_FRACTION,
     RESERVE_GIB,
     MemoryEstimate,
     estimate_memory,
@@ -92,22 +98,39 @@ class StepModel:
     """Step timings of one configuration; the simulated Triton server drives it step by step."""
 
     __slots__ = (
-        "_act_params_gpu", "_all_expert_bytes", "_attn_bytes", "_bw", "_comm_bytes_per_token",
-        "_eff", "_kv_tok", "_link_bw", "_model", "_peak", "_peak16", "_tp", "_weights",
+        "_act_params_gpu", "_all_expert_bytes", "_attn_bytes", "_attn_flops_tok", "_bw",
+        "_comm_bytes_per_token", "_eff", "_kv_tok", "_link_bw", "_model", "_peak", "_peak_attn",
+        "_tp", "_weights",
     )  # fmt: skip
 
     def __init__(
-        self, model: ModelArch, gpu: Gpu, cfg: TrialConfig, eff: Efficiency | None = None
+        self,
+        model: ModelArch,
+        gpu: Gpu,
+        cfg: TrialConfig,
+        eff: Efficiency | None = None,
+        stack: str = DEFAULT_STACK,
     ) -> None:
         q = QUANTIZATIONS[cfg.quantization]
         self._model = model
         self._tp = cfg.tp
-        self._eff = eff or default_efficiency(gpu.architecture)
+        e = self._eff = eff or default_efficiency(gpu.architecture, stack)
         self._bw = gpu.hbm_bandwidth_gbs * 1e9
-        self._peak = gpu.tflops(q.compute) * 1e12 * q.compute_efficiency
-        self._peak16 = gpu.bf16_tflops * 1e12
+        low = e.low_precision if q.compute != "bf16" else 1.0
+        self._peak = gpu.tflops(q.compute) * 1e12 * q.compute_efficiency * low
+        fp8_attention = cfg.kv_cache_dtype == "fp8" and gpu.fp8_tflops
+        self._peak_attn = (
+            gpu.tflops("fp8" if fp8_attention else "bf16")
+            * 1e12
+            * (e.low_precision if fp8_attention else 1.0)
+        )
+        # Attention FLOPs per (token, context token, layer): QK^T and PV, 2 each, over H*d / TP.
+        self._attn_flops_tok = 4 * model.layers * model.q_size / cfg.tp
         self._link_bw = gpu.link_bandwidth_gbs * 1e9
-        self._weights = weight_bytes_per_gpu(model, cfg.tp, cfg.quantization)
+        # A decode step streams every weight but the input embedding, which is only gathered.
+        self._weights = weight_bytes_per_gpu(model, cfg.tp, cfg.quantization) - (
+            model.embedding_params / cfg.tp * 2
+        )
         self._kv_tok = kv_bytes_per_token(model, cfg.tp, cfg.kv_cache_dtype)
         self._act_params_gpu = model.active_params / cfg.tp
         self._comm_bytes_per_token = model.hidden_size * 2
@@ -128,40 +151,55 @@ class StepModel:
         return self._attn_bytes + self._all_expert_bytes * touched / m.experts
 
     def comm_ms(self, tokens: float) -> float:
+        """Two all-reduces per layer of `tokens` hidden states: latency + bandwidth terms."""
+        lat, bw = self._comm_parts(tokens)
+        return lat + bw
+
+    def _comm_parts(self, tokens: float) -> tuple[float, float]:
         tp = self._tp
         if tp <= 1:
-            return 0.0
+            return 0.0, 0.0
         e = self._eff
-        per = e.allreduce_latency_us * 1e-6 + 2 * (tp - 1) / tp * tokens * (
-            self._comm_bytes_per_token
-        ) / (self._link_bw * e.link)
-        return 2 * self._model.layers * per * 1e3
+        n = 2 * self._model.layers
+        lat = n * e.allreduce_latency_us * 1e-3
+        ring = 2 * (tp - 1) / tp * tokens * self._comm_bytes_per_token
+        return lat, n * ring / (self._link_bw * e.link) * 1e3
+
+    @property
+    def context_step_overhead_ms(self) -> float:
+        """Extra fixed cost of a step that carries prefills (no CUDA graph for it)."""
+        return self._eff.context_step_overhead_ms
 
     def decode_ms(self, batch: float, avg_context: float) -> float:
         """One decode step for `batch` sequences at average context `avg_context`."""
-        e, m = self._eff, self._model
+        e = self._eff
         t_mem = self._weight_bytes_read(batch) / (self._bw * e.weight_bw) + (
             batch * avg_context * self._kv_tok / (self._bw * e.kv_bw)
         )
-        attn_flops = 4 * batch * avg_context * m.layers * m.hidden_size / self._tp
-        t_cmp = 2 * self._act_params_gpu * batch / (self._peak * e.gemm) + attn_flops / (
-            self._peak16 * e.gemm
+        attn_flops = batch * avg_context * self._attn_flops_tok
+        t_cmp = (2 * self._act_params_gpu * batch / self._peak + attn_flops / self._peak_attn) / (
+            e.gemm
         )
         hi, lo = (t_mem, t_cmp) if t_mem >= t_cmp else (t_cmp, t_mem)
-        return (
-            (hi + OVERLAP * lo) * 1e3
-            + self.comm_ms(batch)
-            + e.step_overhead_ms
-            + batch * e.per_seq_overhead_us * 1e-3
-        )
+        gpu = (hi + OVERLAP * lo) * 1e3 + self.comm_ms(batch)
+        host = e.step_overhead_ms + batch * e.per_seq_overhead_us * 1e-3
+        # The host's work for the next step (scheduling, sampling bookkeeping) overlaps this
+        # step's kernels to the degree host_overlap (0: strictly one after the other).
+        return gpu + host - e.host_overlap * min(gpu, host)
 
     def prefill_ms(self, tokens: float) -> float:
         """Prefill of `tokens` prompt tokens (one request, or a chunk of several)."""
-        m = self._model
-        flops = 2 * self._act_params_gpu * tokens + 2 * m.layers * tokens**2 * m.hidden_size / (
-            self._tp
+        # Causal attention over the prompt: half of the tokens x tokens score matrix.
+        attn = self._attn_flops_tok * tokens**2 / 2
+        t = (
+            (2 * self._act_params_gpu * tokens / self._peak + attn / self._peak_attn)
+            / (self._eff.prefill)
+            * 1e3
         )
-        return flops / (self._peak * self._eff.prefill) * 1e3 + self.comm_ms(tokens)
+        # Large all-reduces overlap the GEMMs of neighbouring chunks; their latency does not.
+        lat, bw = self._comm_parts(tokens)
+        hi, lo = (t, bw) if t >= bw else (bw, t)
+        return hi + OVERLAP * lo + lat
 
 
 def predict(
@@ -172,13 +210,16 @@ def predict(
     eff: Efficiency | None = None,
     reserve_gib: float | None = None,
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
+    stack: str = DEFAULT_STACK,
+    free_gpu_memory_fraction: float = FREE_GPU_MEMORY_FRACTION,
 ) -> Prediction:
-    """Typical (p50) and tail latencies and throughput of `cfg` under a closed-loop load."""
+    """Typical (p50) and tail latencies and throughput of `cfg` under a closed-loop load, with the
+    efficiency factors of `stack` (or `eff`, when given)."""
     mem = estimate_memory(
         model, gpu, cfg, workload, max_num_tokens,
-        RESERVE_GIB if reserve_gib is None else reserve_gib,
+        RESERVE_GIB if reserve_gib is None else reserve_gib, free_gpu_memory_fraction,
     )  # fmt: skip
-    steps = StepModel(model, gpu, cfg, eff)
+    steps = StepModel(model, gpu, cfg, eff, stack)
     b = cfg.max_batch_size
     isl, osl = workload.input_tokens, workload.output_tokens
     t_pre = steps.prefill_ms(isl)
@@ -189,8 +230,10 @@ def predict(
     # and are admitted together: each cohort's TTFT is the step that carries its k prefills.
     k = max(1, min(b, max_num_tokens // isl))
     cohorts = math.ceil(b / k)
-    cohort_step = t_dec + k * t_pre
-    interference = (b - k) / osl * t_pre  # other cohorts' prefills, averaged over the steps
+    # A step that carries prefills runs without CUDA graphs: it pays the context-step overhead.
+    o_ctx = steps.context_step_overhead_ms
+    cohort_step = t_dec + k * t_pre + o_ctx
+    interference = (b - k) / osl * t_pre + min(1.0, (cohorts - 1) / osl) * o_ctx
     step = t_dec + interference
     share = interference / step
     ttft50 = cohort_step

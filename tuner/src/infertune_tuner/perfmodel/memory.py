@@ -8,8 +8,13 @@
     usable KV     = freeGpuMemoryFraction x (memory - weights - activations - reserve)
     max sequences = usable KV / (KV/token x context rounded up to whole 32-token pages)
 
-A configuration *fits* when the weights load and the KV cache holds `max_batch_size` sequences at
-the workload's full context: a larger max batch could never be reached, only queued.
+A configuration *fits* when the request fits the model's maximum context, the weights load and the
+KV cache holds `max_batch_size` sequences at the workload's full context: a larger max batch could
+never be reached, only queued.
+
+The KV reservation is TensorRT-LLM's default capacity-scheduler policy, GUARANTEED_NO_EVICT: a
+request is admitted only once blocks for its whole input + output are free (tokens_per_block 32,
+`KvCacheConfig.free_gpu_memory_fraction` 0.9 of the memory left after weights and activations).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def weight_bytes_per_gpu(model: ModelArch, tp: int, quantization: str) -> float:
     q = QUANTIZATIONS[quantization]
     head_dim = model.head_dim
     kv_params = 2 * model.hidden_size * head_dim * kv_heads_per_gpu(model, tp)
-    qo_params = 2 * model.hidden_size * model.hidden_size / tp
+    qo_params = 2 * model.hidden_size * model.q_size / tp
     mlp_params = model.experts * model.expert_params_per_layer / tp
     router = model.hidden_size * model.experts if model.experts > 1 else 0
     layer = (kv_params + qo_params + mlp_params) * q.weight_bytes + router * 2
@@ -76,24 +81,25 @@ def estimate_memory(
     workload: Workload,
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
     reserve_gib: float = RESERVE_GIB,
+    free_gpu_memory_fraction: float = FREE_GPU_MEMORY_FRACTION,
 ) -> MemoryEstimate:
     weights = weight_bytes_per_gpu(model, cfg.tp, cfg.quantization)
     kv_tok = kv_bytes_per_token(model, cfg.tp, cfg.kv_cache_dtype)
     act = activation_bytes(model, cfg.tp, max_num_tokens)
     reserve = reserve_gib * GIB
     free = gpu.memory_gib * GIB - weights - act - reserve
-    usable = max(free, 0.0) * FREE_GPU_MEMORY_FRACTION
+    usable = max(free, 0.0) * free_gpu_memory_fraction
     pages = math.ceil(workload.context / KV_PAGE_TOKENS) * KV_PAGE_TOKENS
     per_seq = kv_tok * pages
     max_seqs = int(usable // per_seq) if per_seq > 0 else 0
     need = cfg.max_batch_size * per_seq
-    reason = None
-    if free <= 0:
+    reason = model.context_problem(workload.input_tokens, workload.output_tokens)
+    if reason is None and free <= 0:
         reason = (
             f"weights {weights / GIB:.1f} GiB + activations {act / GIB:.1f} GiB + reserve "
             f"{reserve_gib:.1f} GiB exceed {gpu.memory_gib:.0f} GiB per GPU"
         )
-    elif max_seqs < cfg.max_batch_size:
+    elif reason is None and max_seqs < cfg.max_batch_size:
         reason = (
             f"KV cache holds {max_seqs} sequences of {workload.context} tokens "
             f"({usable / GIB:.1f} GiB usable), fewer than max batch {cfg.max_batch_size} "

@@ -52,6 +52,7 @@ def render_markdown(report: Report) -> str:
         ),
         f"- Backend `{report.backend}`, sampler `{report.sampler}`: {report.executed_trials} trials "
         f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials})",
+        f"- Prior: performance model with the `{report.prior_stack}` stack factors",
         f"- Stopped: {report.stopped_reason}",
         *(
             [
