@@ -11,10 +11,10 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.memory_fit import WIDE_MARGIN, FitModel, ruled_out
 from infertune_tuner.posterior import (
     SIGMA_GLOBAL,
-    SIGMA_LOCAL,
     Observation,
     Quantity,
     learned_noise,
+    local_sigma,
     noise_of,
 )
 
@@ -27,7 +27,7 @@ def test_without_data_every_configuration_has_the_full_prior_uncertainty() -> No
     q = Quantity.fit("tps", [])
     mean, sd = q.marginal([cfg(1, 1), cfg(8, 256, "bf16", "fp8")])
     assert np.allclose(mean, 0.0)
-    assert np.allclose(sd, math.hypot(SIGMA_GLOBAL, SIGMA_LOCAL))
+    assert np.allclose(sd, math.hypot(SIGMA_GLOBAL, local_sigma("tps")))
 
 
 def test_a_measurement_moves_its_neighbourhood_more_than_far_configurations() -> None:
@@ -45,7 +45,13 @@ def test_a_configuration_unlike_anything_measured_is_never_written_off() -> None
     _, sd = q.marginal([cfg(2, 48), cfg(8, 8, "bf16", "fp8")])
     assert sd[0] < 0.05  # interpolating between measured batches: well known
     # TP8 at 16-bit weights and KV: the shape error there is still the prior's.
-    assert sd[1] > 0.8 * SIGMA_LOCAL
+    assert sd[1] > 0.8 * local_sigma("tps")
+
+
+def test_ttft_and_tails_are_less_certain_a_priori_than_throughput() -> None:
+    # TTFT is decided by the server's admission policy, which the roofline only sketches.
+    assert local_sigma("ttft_ms/p99") > local_sigma("itl_ms/p95") > local_sigma("tps")
+    assert local_sigma("e2e_ms/p99") > local_sigma("e2e_ms/p50")
 
 
 def test_repeats_average_the_noise_down() -> None:

@@ -5,14 +5,18 @@ performance model's prediction is the prior mean, and the log of measured / pred
 as a Gaussian process over configuration features:
 
     log(measured / predicted)(x) ~ GP(0, k),
-    k(x, x') = sigma_global^2 + sigma_local^2 * exp(-|x - x'|^2 / 2) + noise^2 * [x == x']
+    k(x, x') = sigma_global^2 + sigma_local^2 * exp(-|x - x'|^2 / 2)
+    y = f(x) + measurement noise (its variance divided by the number of repeats)
 
 - `sigma_global` is an error the whole pool shares (a faster or slower serving stack than the
   model's calibration): one measurement anywhere mostly resolves it.
 - `sigma_local` is error in the *shape* of the curves (a term the roofline lacks: prefill stalls,
   CUDA-graph gaps, dequantisation cost). It is only learned near what was measured: a
   configuration far from every measurement keeps close to the full `sigma_local`, so it is never
-  written off merely because *other* configurations were measured.
+  written off merely because *other* configurations were measured. It differs by quantity:
+  throughput and E2E follow the roofline closely; ITL less; TTFT least, since it is decided by
+  the server's admission policy (chunked prefill, prefill-first, batching of arrivals), which the
+  model only sketches; tails are less certain than medians.
 - features are scaled so that one unit means "quite different": a 4x batch change, a TP
   doubling, a weight width halving, a change of tensor-core path, a KV-cache width halving.
 - noise is the run-to-run spread of the quantity (tails are noisier than medians); repeats of a
@@ -35,7 +39,9 @@ from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 
 SIGMA_GLOBAL = 0.35
-SIGMA_LOCAL = 0.25
+SIGMA_LOCAL = 0.2  # throughput's shape error; see local_sigma for the other quantities
+_SHAPE = {"tps": 1.0, "e2e_ms": 1.1, "itl_ms": 1.25, "ttft_ms": 2.0}
+_TAIL = {"p50": 1.0, "p95": 1.1, "p99": 1.25}
 # Run-to-run noise (log scale) of one measurement of each kind of quantity.
 NOISE = {"tps": 0.03, "p50": 0.04, "p95": 0.06, "p99": 0.09}
 _COMPUTE_LEVEL = {"bf16": 0.0, "fp8": -1.0, "fp4": -2.0}
@@ -54,6 +60,12 @@ def features(cfg: TrialConfig) -> np.ndarray:
             math.log2(KV_DTYPE_BYTES[cfg.kv_cache_dtype]),
         ]
     )
+
+
+def local_sigma(key: str) -> float:
+    """Prior shape error of quantity `key` ('tps' or 'metric/percentile')."""
+    metric, _, pct = key.partition("/")
+    return SIGMA_LOCAL * _SHAPE.get(metric, 1.25) * _TAIL.get(pct, 1.0)
 
 
 def noise_of(key: str) -> float:
@@ -110,9 +122,11 @@ class Quantity:
         *,
         noise: float | None = None,
         sigma_global: float = SIGMA_GLOBAL,
-        sigma_local: float = SIGMA_LOCAL,
+        sigma_local: float | None = None,
     ) -> Quantity:
         sd = noise if noise is not None else noise_of(key)
+        if sigma_local is None:
+            sigma_local = local_sigma(key)
         if not observations:
             empty = np.zeros((0, 5))
             return cls(key, empty, np.zeros(0), None, sigma_global, sigma_local, sd)
