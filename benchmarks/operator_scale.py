@@ -56,6 +56,20 @@ def _helpers() -> ModuleType:
 # ------------------------------------------------------------------ child: emulator + driver
 
 
+def _selector(text: str) -> list[tuple[str, str | None]]:
+    """`a,b=c` -> [("a", None), ("b", "c")]: label existence and equality (what we use)."""
+    out: list[tuple[str, str | None]] = []
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = term.partition("=")
+        out.append((key, value if sep else None))
+    return out
+
+
+def _matches(event: dict[str, Any], wanted: list[tuple[str, str | None]]) -> bool:
+    labels = (event.get("object") or {}).get("metadata", {}).get("labels") or {}
+    return all(k in labels and (v is None or labels[k] == v) for k, v in wanted)
+
+
 async def emulate(count: int, rate: float, concurrency: int, timeout: float) -> None:
     import kmock
 
@@ -66,6 +80,8 @@ async def emulate(count: int, rate: float, concurrency: int, timeout: float) -> 
 
         kmock matches every request against its whole request history (quadratic: at ~3,000
         requests it spends seconds per request); the benchmark never reads it, so drop it.
+        And it honours a watch's labelSelector, as a real API server does (kmock streams every
+        object of the resource): the operator watches only the ConfigMaps that are reports.
         """
 
         job_created: dict[str, float] = {}
@@ -86,6 +102,12 @@ async def emulate(count: int, rate: float, concurrency: int, timeout: float) -> 
                 if owner:
                     self.job_created.setdefault(owner, time.monotonic())
             return await super()._handle(request)
+
+        async def _serve_watch(self, request: Any) -> Any:
+            wanted = _selector(request.params.get("labelSelector", ""))
+            async for event in super()._serve_watch(request):
+                if not wanted or not isinstance(event, dict) or _matches(event, wanted):
+                    yield event
 
     async with TimedApiServer() as api, kmock.Server(api):
         helpers.declare_resources(api)

@@ -59,6 +59,7 @@ class Context:
     _rbac_lock: threading.Lock = field(default_factory=threading.Lock)
     _rbac_ready: set[str] = field(default_factory=set)
     _synced: set[tuple[str, str]] = field(default_factory=set)
+    _claimed: dict[tuple[str, str], int | None] = field(default_factory=dict)
     _kopf_context: contextvars.Context | None = None
 
     def capture_kopf_context(self) -> None:
@@ -75,6 +76,17 @@ class Context:
         with self._guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
+    def claim(self, namespace: str, name: str, generation: int | None) -> bool:
+        """True once per object and spec generation: the first event of an object in this
+        process, then each spec change (the API server bumps metadata.generation on spec changes
+        only, so our own status writes and repeated events of one generation claim nothing)."""
+        key = (namespace, name)
+        with self._guard:
+            if key in self._claimed and self._claimed[key] == generation:
+                return False
+            self._claimed[key] = generation
+            return True
+
     def first_sync(self, namespace: str, name: str) -> bool:
         """True once per object and process: no sync of it has started before this one."""
         with self._guard:
@@ -89,6 +101,7 @@ class Context:
                 self._locks.pop((namespace, name), None)
                 self._phases.pop((namespace, name), None)
                 self._synced.discard((namespace, name))
+                self._claimed.pop((namespace, name), None)
             else:
                 self._phases[(namespace, name)] = phase
 

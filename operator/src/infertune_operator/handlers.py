@@ -60,27 +60,38 @@ def _ctx(memo: Any) -> Context:
     return ctx
 
 
-def _run_sync(ctx: Context, namespace: str, name: str, created_body: Body | None = None) -> None:
+def needs_sync(body: Any, type: str | None, memo: Any, **_: Any) -> bool:
+    """Kopf's filter for :func:`on_inference_deployment`. It runs in the event loop, so events
+    with nothing to do cost no trip through the handler threads. An event needs a sync when it is
+
+    * the first of an object in this process: a create, or the initial listing after an
+      operator (re)start, which resumes every object;
+    * the first of a new spec generation (see ``Context.claim``);
+    * a deletion (the operator forgets the object).
+
+    Our own status writes, label edits and repeated events of one generation need none.
+    """
+    if type == "DELETED":
+        return True
+    meta = body.get("metadata") or {}
+    return _ctx(memo).claim(meta.get("namespace", ""), meta.get("name", ""), meta.get("generation"))
+
+
+def on_inference_deployment(body: Any, type: str | None, memo: Any, **_: Any) -> None:
+    """Converge the object; a brand-new one from the body of the event itself (see sync)."""
+    ctx = _ctx(memo)
+    ctx.capture_kopf_context()
+    meta = body.get("metadata") or {}
+    namespace, name = meta["namespace"], meta["name"]
+    if type == "DELETED":
+        ctx.remember(namespace, name, None)
+        return
     try:
-        sync(ctx, namespace, name, created_body=created_body)
+        sync(ctx, namespace, name, created_body=copy.deepcopy(dict(body)))
     except k8s.KubeError as exc:
-        # Transient API trouble: Kopf retries change handlers (the resync covers the others).
-        raise kopf.TemporaryError(str(exc), delay=10) from exc
-
-
-def on_spec(meta: Any, memo: Any, **_: Any) -> None:
-    """Spec update and operator restart (resume): converge the object."""
-    ctx = _ctx(memo)
-    ctx.capture_kopf_context()
-    _run_sync(ctx, meta["namespace"], meta["name"])
-
-
-def on_create(body: Any, meta: Any, memo: Any, retry: int = 0, **_: Any) -> None:
-    """Create: converge the object; a brand-new one from the body of Kopf's event (see sync)."""
-    ctx = _ctx(memo)
-    ctx.capture_kopf_context()
-    created_body = None if retry else copy.deepcopy(dict(body))  # a retry reads everything
-    _run_sync(ctx, meta["namespace"], meta["name"], created_body)
+        # Transient API trouble: the resync retries it (the object counts as in flight).
+        ctx.remember(namespace, name, "Pending")
+        logger.warning("%s/%s: sync failed (the resync retries): %s", namespace, name, exc)
 
 
 async def _resync_forever(ctx: Context) -> None:
@@ -150,9 +161,9 @@ def build_registry(*, login: Callable[..., Any] | None = None) -> kopf.OperatorR
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(login or kopf.login_via_client)
     ours = {naming.LABEL_DEPLOYMENT: kopf.PRESENT}
-    kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)(on_spec)
-    kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)(on_create)
-    kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)(on_spec)
+    kopf.on.event(GROUP, VERSION, PLURAL, when=needs_sync, registry=registry)(
+        on_inference_deployment
+    )
     kopf.on.startup(registry=registry)(start_resync)
     kopf.on.cleanup(registry=registry)(stop_resync)
     kopf.on.event("batch", "v1", "jobs", labels=ours, when=job_has_news, registry=registry)(
@@ -167,13 +178,48 @@ def build_registry(*, login: Callable[..., Any] | None = None) -> kopf.OperatorR
     return registry
 
 
+class _NoEssence(kopf.DiffBaseStorage):
+    """Kopf builds an "essence" of every event's object (a deep copy) to diff it against what
+    change handlers last saw. This operator has none (only watching handlers; the status's
+    observedGeneration records what it handled), so it stores nothing and builds nothing."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: Any) -> None:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
+class _NoProgress(kopf.ProgressStorage):
+    """Kopf records the progress of change handlers (retries) in the objects; with none, it
+    records nothing (and does not deep-copy every event's object to clear the record)."""
+
+    def fetch(self, *, key: Any, body: Any) -> None:
+        return None
+
+    def store(self, *, key: Any, record: Any, body: Any, patch: Any) -> None:
+        return None
+
+    def purge(self, *, key: Any, body: Any, patch: Any) -> None:
+        return None
+
+    def touch(self, *, body: Any, patch: Any, value: str | None) -> None:
+        return None
+
+    def clear(self, *, essence: Any) -> Any:
+        return essence
+
+
 def operator_settings() -> kopf.OperatorSettings:
     s = kopf.OperatorSettings()
+    # Only watching handlers: Kopf keeps no state in our objects (no annotations, no finalizer;
+    # the status's observedGeneration says what was handled), and builds none per event.
     s.persistence.finalizer = naming.FINALIZER
-    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.DOMAIN)
-    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=naming.DOMAIN, key="last-handled-configuration"
-    )
+    s.persistence.diffbase_storage = _NoEssence()
+    s.persistence.progress_storage = _NoProgress()
     s.posting.level = logging.INFO  # our transition events are Normal/Warning
     # Watches: let the server end them every ~10 min and reconnect (no silently stale streams);
     # watch only the Jobs and Deployments we labelled (server-side), not every one in the cluster.
