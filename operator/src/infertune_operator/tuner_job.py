@@ -43,7 +43,8 @@ JOB_DEADLINE_GRACE_S = 600  # the tuner stops itself at timeoutMinutes; time to 
 
 
 def tuner_gpus(obj: InferenceDeployment) -> int:
-    """The largest TP in the search space that fits one node (<= maxGpusPerReplica)."""
+    """The GPUs the tuner pod asks for: the largest TP in the search space that fits one node
+    (<= maxGpusPerReplica), so every configuration of the space can run in it."""
     cap = obj.spec.gpu.max_gpus_per_replica
     fitting = [int(tp) for tp in obj.spec.search.tensor_parallel if tp <= cap]
     return max(fitting) if fitting else 1
@@ -65,6 +66,17 @@ def _tuning_metadata(body: Mapping[str, Any], object_name: str, component: str, 
 def request_configmap(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
 ) -> Body:
+    """The TuningRequest the tuner Job reads, in a ConfigMap named for the tuning hash.
+
+    Args:
+        obj: The validated InferenceDeployment.
+        body: The object as stored (name, namespace, uid).
+        th: The tuning hash.
+        settings: The operator's defaults for what spec.tuning leaves unset.
+
+    Returns:
+        The ConfigMap (``request.json``), owned by the InferenceDeployment.
+    """
     name = body["metadata"]["name"]
     request = to_request(
         obj,
@@ -94,6 +106,20 @@ def tune_job_command(name: str, namespace: str, uid: str, th: str) -> list[str]:
 def tuner_job(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
 ) -> Body:
+    """The Job that tunes one spec: ``infertune tune-job`` on the request ConfigMap.
+
+    Args:
+        obj: The validated InferenceDeployment.
+        body: The object as stored (name, namespace, uid).
+        th: The tuning hash (names the Job, labels everything it makes).
+        settings: Images, service account, backoff limit, default backend.
+
+    Returns:
+        The Job. Real trials run on the tuner image with :func:`tuner_gpus` GPUs on the GPU
+        pool the winner will serve on (same node selector and tolerations), with a memory-backed
+        /dev/shm for the TP ranks; simulated ones on the operator image without GPUs. The
+        deadline is the spec's timeout plus time to write the report.
+    """
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     meta = _tuning_metadata(body, job_name(name, th), COMPONENT_TUNER, th)
     container: Body = {
@@ -194,6 +220,16 @@ def _true_condition(obj: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | N
 
 
 def job_outcome(job: Mapping[str, Any]) -> JobOutcome:
+    """Where a tuner Job stands.
+
+    Args:
+        job: The Job as read.
+
+    Returns:
+        succeeded (Complete, or a succeeded pod), failed (the Failed condition with its reason,
+        or more failed pods than backoffLimit), running (its pod runs) or pending (no pod runs
+        yet: scheduling, GPUs, image pull).
+    """
     status = job.get("status") or {}
     if _true_condition(job, "Complete") or int(status.get("succeeded") or 0) >= 1:
         return JobOutcome("succeeded")
@@ -248,7 +284,16 @@ class PodFailure:
 
 
 def pod_failure(pods: Iterable[Mapping[str, Any]]) -> PodFailure | None:
-    """The most recent terminated-with-failure container among the tuner's pods."""
+    """Why the tuner's pods failed, as Kubernetes recorded it.
+
+    Args:
+        pods: The pods of the tuner Job.
+
+    Returns:
+        The most recent failure: a container that terminated with a non-zero exit code (its
+        reason, e.g. OOMKilled, exit code and message), or a pod the node failed (Evicted and
+        the like); None when no pod failed.
+    """
     found: list[tuple[str, PodFailure]] = []
     for pod in pods:
         name = pod.get("metadata", {}).get("name", "?")
@@ -285,6 +330,18 @@ _ADVICE = {
 
 
 def job_failure_message(job: str, outcome: JobOutcome, pod: PodFailure | None, logs: str) -> str:
+    """What a person needs to act on a failed tuner Job, in one line.
+
+    Args:
+        job: The Job's name.
+        outcome: Its failed outcome (reason and message from the Job).
+        pod: The pods' failure, when one was found.
+        logs: The last log lines of the failed container ("" when not read).
+
+    Returns:
+        The Job's reason, the pod's (with exit code and message), the last log lines, advice
+        for the known reasons (OOMKilled, DeadlineExceeded ...) and how to retry.
+    """
     parts = [f"tuner Job {job} failed ({outcome.reason}"
              + (f": {outcome.message}" if outcome.message else "") + ")"]  # fmt: skip
     if pod is not None:
