@@ -3,8 +3,9 @@
 A resumed study says so before anything runs. The bar counts executed trials against the
 budget; beside it, the trial that is running, its phase (starting server, loading model,
 warm-up, measuring) and how long that phase has taken, then the verdict of the last trial and
-the best feasible tok/s/GPU so far. When the search stops, the bar fills and the line says why
-(a search that converges after 4 of 40 trials ends at "4 trials: converged ...", not at 4/40).
+the best feasible tok/s/GPU so far. When the search stops, the bar gives way to a line that
+says why (a search that converges after 4 of 40 trials ends with "4 trials executed;
+converged ...", not with a bar at 4/40).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class TuneProgress:
         self._budget, self._done = study.max_trials, study.resumed_trials
         self._progress = Progress(
             TextColumn("[bold]tuning"),
-            BarColumn(),
+            BarColumn(bar_width=24),
             TextColumn("{task.fields[count]}"),
             TextColumn("{task.description}"),
             _PhaseColumn(),
@@ -98,13 +99,13 @@ class TuneProgress:
         )
 
     def finish(self, stopped_reason: str | None) -> None:
-        """Fill the bar and say why the search stopped (None: it was interrupted)."""
+        """Replace the bar with why the search stopped (None: it was interrupted)."""
         if self._progress is None or self._task is None:
             return
         if stopped_reason is not None:
-            self._progress.update(
-                self._task, total=max(self._done, 1), completed=max(self._done, 1),
-                count=f"{self._done} trial{'s' * (self._done != 1)}",
-                description=stopped_reason, phase=None,
-            )  # fmt: skip
+            self._progress.update(self._task, visible=False)
         self._progress.stop()
+        self._progress = None
+        if stopped_reason is not None:
+            trials = f"{self._done} trial{'s' * (self._done != 1)}"
+            self.console.print(f"tuning: {trials} executed; {stopped_reason}", highlight=False)
