@@ -11,8 +11,7 @@ import typer
 
 from infertune_tuner import defaults
 from infertune_tuner.backends import BACKEND_HELP
-from infertune_tuner.cli_support import one_of
-from infertune_tuner.config import KvCacheDtype, Quantization
+from infertune_tuner.cli_support import KvDtypeOption, QuantOption, one_of
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import Sampler
 
@@ -134,15 +133,8 @@ def predict(
     gpu: Annotated[str, typer.Option(help="GPU catalog key (see `infertune gpus`).")],
     tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
     batch: Annotated[int, typer.Option(help="Max batch size (= concurrency).")] = 1,
-    quant: Annotated[
-        str, typer.Option(help="Quantization.", **one_of(Quantization, "--quant", "quantization"))
-    ] = "bf16",
-    kv_dtype: Annotated[
-        str,
-        typer.Option(
-            help="KV-cache dtype.", **one_of(KvCacheDtype, "--kv-dtype", "KV-cache dtype")
-        ),
-    ] = "auto",
+    quant: QuantOption = "bf16",
+    kv_dtype: KvDtypeOption = "auto",
     isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 1024,
     osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 256,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

@@ -14,11 +14,12 @@ the same Typer command as ``infertune simserver``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Annotated, Any, get_args
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
+from infertune_tuner.config import KvCacheDtype, Quantization
 from infertune_tuner.errors import InputError
 
 
@@ -70,6 +71,16 @@ def one_of(literal: Any, option: str, noun: str) -> dict[str, Any]:
         return value
 
     return {"parser": parse, "metavar": "|".join(choices)}
+
+
+# The precision options of `predict` and `simserver` (parameters named `quant` and `kv_dtype`).
+QuantOption = Annotated[
+    str, typer.Option(help="Quantization.", **one_of(Quantization, "--quant", "quantization"))
+]
+KvDtypeOption = Annotated[
+    str,
+    typer.Option(help="KV-cache dtype.", **one_of(KvCacheDtype, "--kv-dtype", "KV-cache dtype")),
+]
 
 
 def command(app: typer.Typer, func: Callable[..., Any], name: str | None = None) -> None:

@@ -11,8 +11,7 @@ from typing import Annotated
 
 import typer
 
-from infertune_tuner.cli_support import command, one_of
-from infertune_tuner.config import KvCacheDtype, Quantization
+from infertune_tuner.cli_support import KvDtypeOption, QuantOption, command
 
 
 def simserver(
@@ -23,15 +22,8 @@ def simserver(
     http_port: Annotated[int, typer.Option(help="HTTP health port (-1: none).")] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
     tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
-    quant: Annotated[
-        str, typer.Option(help="Quantization.", **one_of(Quantization, "--quant", "quantization"))
-    ] = "bf16",
-    kv_dtype: Annotated[
-        str,
-        typer.Option(
-            help="KV-cache dtype.", **one_of(KvCacheDtype, "--kv-dtype", "KV-cache dtype")
-        ),
-    ] = "auto",
+    quant: QuantOption = "bf16",
+    kv_dtype: KvDtypeOption = "auto",
     served_model: Annotated[str, typer.Option(help="Model name clients use.")] = "llm",
     time_scale: Annotated[
         float, typer.Option(help="Multiply all modelled times (0.1 = 10x faster).")
