@@ -9,11 +9,12 @@ no harm. Calls for one object are serialised with a per-object lock.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
+import functools
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +62,7 @@ class Context:
     _synced: set[tuple[str, str]] = field(default_factory=set)
     _claimed: dict[tuple[str, str], int | None] = field(default_factory=dict)
     _kopf_context: contextvars.Context | None = None
+    _writer: ThreadPoolExecutor | None = None
 
     def capture_kopf_context(self) -> None:
         """Remember a handler's context: Kopf's event posting lives in context variables."""
@@ -110,6 +112,35 @@ class Context:
         with self._guard:
             return [k for k, phase in self._phases.items() if everything or phase in IN_FLIGHT]
 
+    def defer(self, write: Callable[[], None], lock: threading.Lock) -> None:
+        """Run ``write`` on the status writer, one at a time, then release ``lock``.
+
+        The caller holds ``lock`` (the object's) and hands it over: the next sync of the object
+        waits until the write is done, so statuses never go back in time. One writer thread,
+        so in a burst of creates the status writes queue behind the tuner Jobs instead of
+        competing with them for the API server.
+        """
+        with self._guard:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="infertune-status")
+            writer = self._writer
+        run = self.in_kopf_context()  # the writes post events
+
+        def task() -> None:
+            try:
+                run(write)
+            except k8s.KubeError as exc:  # the object stays in flight: the resync writes it
+                logger.warning("status write failed (the resync retries): %s", exc)
+            finally:
+                lock.release()
+
+        writer.submit(task)
+
+    def close(self) -> None:
+        """Stop the status writer (writes not started yet are dropped; a restart redoes them)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=False, cancel_futures=True)
+
 
 class _NotNew(Exception):
     """The create shortcut found something that already exists: converge the long way."""
@@ -128,23 +159,38 @@ def sync(
     then the create answers 409 AlreadyExists). The report ConfigMap is still read: a report can
     be seeded before the object is created, and only the API server can say it is not there.
     Anything that exists after all (a report, the Job, the request) falls back to the full sync
-    (which reads everything, as for any other trigger).
+    (which reads everything, as for any other trigger). The create path's status write goes to
+    the status writer (``Context.defer``): in a burst, the next objects' Jobs come first.
     """
-    with ctx.lock(namespace, name):
+    lock = ctx.lock(namespace, name)
+    lock.acquire()
+    held = True
+    try:
         first = ctx.first_sync(namespace, name)
         if created_body is not None and first and reconcile.is_brand_new(created_body):
-            with contextlib.suppress(_NotNew):
-                return _converge(ctx, created_body, new=True)
+            try:
+                transition, th = _decide(ctx, created_body, new=True)
+            except _NotNew:
+                pass
+            else:
+                ctx.remember(namespace, name, transition.phase)
+                write = functools.partial(_write_status, ctx, created_body, transition, th)
+                ctx.defer(write, lock)
+                held = False  # the status writer releases it
+                return transition.phase
         body = ctx.kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             ctx.remember(namespace, name, None)
             return None
         return _converge(ctx, body)
+    finally:
+        if held:
+            lock.release()
 
 
-def _converge(ctx: Context, body: Body, *, new: bool = False) -> str:
+def _converge(ctx: Context, body: Body) -> str:
     meta = body["metadata"]
-    transition, th = _decide(ctx, body, new=new)
+    transition, th = _decide(ctx, body)
     _write_status(ctx, body, transition, th)
     ctx.remember(meta["namespace"], meta["name"], transition.phase)
     return transition.phase

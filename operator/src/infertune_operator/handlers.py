@@ -118,6 +118,7 @@ async def stop_resync(memo: Any, **_: Any) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    _ctx(memo).close()
 
 
 def job_has_news(body: Any, type: str | None, **_: Any) -> bool:
