@@ -151,7 +151,7 @@ def sync(
 ) -> str | None:
     """Converge one InferenceDeployment; returns its phase (None when it is gone).
 
-    ``created_body``: the body Kopf handed to the create handler. For a brand-new object (no
+    ``created_body``: the body of the event that called for this sync. For a brand-new object (no
     status; see ``reconcile.is_brand_new``) whose first sync in this process this is, the
     create path is cut short: that body stands in for re-reading the object (nothing of ours
     can have written to it since), and the tuner Job is created without looking it up first

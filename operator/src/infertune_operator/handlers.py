@@ -3,7 +3,9 @@
 Every trigger calls one level-triggered function, :func:`controller.sync`, which converges one
 InferenceDeployment (see ``controller``):
 
-* spec changes of the InferenceDeployment (create / update of ``spec`` / resume on restart);
+* events of the InferenceDeployment that need a sync (see :func:`needs_sync`): its first in
+  this process (a create, or the listing that resumes every object after a restart), then the
+  first of each new spec generation;
 * events of the objects we labelled (``infertune.io/deployment``): a tuner Job starting or
   finishing, a report ConfigMap written by the tuner, a Deployment becoming available, someone
   deleting one of them;

@@ -347,7 +347,7 @@ class InferenceDeploymentStatus(ApiModel):
     """What the operator writes into .status. Built partially: only the fields a transition sets
     are part of its patch (see :meth:`patch`); a field set to None is removed from the object."""
 
-    model_config = ConfigDict(extra="allow")  # Kopf keeps its own bookkeeping in status too
+    model_config = ConfigDict(extra="allow")  # others may keep bookkeeping in status (Kopf did)
 
     phase: Phase | None = None
     conditions: list[Condition] | None = None
