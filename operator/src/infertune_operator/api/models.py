@@ -164,13 +164,13 @@ class PercentileBound(ApiModel):
 ONE_LATENCY_BOUND = "give at least one latency bound: " + listing([m.wire for m in LATENCY_METRICS])
 
 
+# One field per latency metric of the registry (ttftMs, itlMs, e2eLatencyMs).
 @with_fields({
     m.slo_field: (PercentileBound | None, Field(default=None, description=m.description))
     for m in LATENCY_METRICS
 })  # fmt: skip
 class SloSpec(ApiModel):
-    """Upper bounds on latency percentiles (one field per metric of the registry: ttftMs, itlMs,
-    e2eLatencyMs) and an optional floor under the objective."""
+    """Upper bounds on latency percentiles, and an optional floor under output tokens/s/GPU."""
 
     min_output_tokens_per_second_per_gpu: Annotated[float, Field(gt=0)] | None = None
 
@@ -316,12 +316,12 @@ class BestConfig(ApiModel):
         return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
 
 
+# One field per percentile of each latency metric of the registry (ttftP50Ms ... e2eP99Ms).
 @with_fields({
     m.column(p): (float | None, None) for m in LATENCY_METRICS for p in PERCENTILES
 })  # fmt: skip
 class BestMetrics(ApiModel):
-    """The best configuration's measurement: a field per percentile of each registered latency
-    metric (ttftP50Ms ... e2eP99Ms), the objective, and whether every SLO bound held."""
+    """The best configuration's measured latencies and tok/s/GPU; whether it met the SLO."""
 
     output_tokens_per_second_per_gpu: float | None = None
     slo_met: bool | None = None
