@@ -26,11 +26,11 @@ from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.request import (
     GpuRef,
     ModelRef,
-    SearchSpace,
+    SearchValues,
     SloBound,
     TuningOptions,
     TuningRequest,
-    WorkloadSpec,
+    WorkloadShape,
 )  # fmt: skip
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.space import build_space
@@ -85,9 +85,9 @@ def request_for(sc: tuple, sampler: str, seed: int, budget: int) -> TuningReques
         name=name.replace("/", "-").replace(" ", "-").replace("+", "-").lower(),
         model=ModelRef(name=model),
         gpu=GpuRef(product=gpu, max_gpus_per_replica=maxg),
-        workload=WorkloadSpec(input_tokens=isl, output_tokens=osl),
+        workload=WorkloadShape(input_tokens=isl, output_tokens=osl),
         slo=bounds,
-        search=SearchSpace(tensor_parallel=tps, max_batch_size=bs, quantization=qs,
+        search=SearchValues(tensor_parallel=tps, max_batch_size=bs, quantization=qs,
                            kv_cache_dtype=kvs, max_accuracy_loss_percent=acc),
         tuning=TuningOptions(max_trials=budget, seed=seed, sampler=sampler, backend="simulated"),
     )  # fmt: skip

@@ -22,6 +22,7 @@ from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.correction import Correction
 from infertune_tuner.measurement import Measurement
+from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.result import SloCheck
@@ -135,7 +136,7 @@ def correction_rows(
             continue
         d = {"tps": math.log(m.output_tokens_per_s_per_gpu / p.output_tokens_per_s_per_gpu)}
         for b in request.slo:
-            mp, pp = m.percentiles(b.metric), getattr(p, b.metric)
+            mp, pp = m.percentiles(b.metric), latency_metric(b.metric).of(p)
             if mp is not None:
                 d[_key(b)] = math.log(
                     max(mp.get(b.percentile), 1e-6) / max(pp.get(b.percentile), 1e-6)
@@ -159,7 +160,8 @@ def rank(
         p_feas = 1.0
         violation = -math.inf
         for b in request.slo:
-            lat = correction.apply(_key(b), cfg, getattr(p, b.metric).get(b.percentile))
+            predicted = latency_metric(b.metric).of(p).get(b.percentile)
+            lat = correction.apply(_key(b), cfg, predicted)
             p_feas *= _phi(math.log(b.max_ms / lat) / correction.sigma(_key(b)))
             violation = max(violation, math.log(lat / b.max_ms))
         if request.min_output_tokens_per_s_per_gpu:

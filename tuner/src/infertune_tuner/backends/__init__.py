@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infertune_tuner.backends.base import BenchmarkBackend
+from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import TuningRequest
 
@@ -18,8 +18,9 @@ def make_backend(
     seed: int = 0,
     server_command: str | None = None,
     workdir: Path | None = None,
+    on_phase: OnPhase | None = None,
 ) -> BenchmarkBackend:
-    """Build the backend a `--backend` string names."""
+    """Build the backend a `--backend` string names (``on_phase``: see ``base.Phase``)."""
     if spec == "simulated":
         from infertune_tuner.backends.simulated import SimulatedBackend
 
@@ -39,8 +40,10 @@ def make_backend(
     if spec == "triton":
         from infertune_tuner.backends.triton import TritonBackend
 
-        return TritonBackend(request, server_command=server_command, workdir=workdir)
+        return TritonBackend(
+            request, server_command=server_command, workdir=workdir, on_phase=on_phase
+        )
     raise InputError(f"unknown backend {spec!r}; use {BACKEND_HELP}")
 
 
-__all__ = ["BACKEND_HELP", "BenchmarkBackend", "make_backend"]
+__all__ = ["BACKEND_HELP", "BenchmarkBackend", "OnPhase", "make_backend"]

@@ -16,6 +16,7 @@ from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.measurement import Measurement
+from infertune_tuner.metrics import E2E, LATENCY_METRICS, TTFT
 from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
 from infertune_tuner.perfmodel.latency import Percentiles, predict
 from infertune_tuner.perfmodel.memory import RESERVE_GIB
@@ -100,7 +101,9 @@ class SimulatedBackend:
                 x.p50 * base, max(x.p95 * t95, x.p50 * base), max(x.p99 * t99, x.p95 * t95)
             )
 
-        ttft, itl, e2e = noisy(p.ttft_ms, 2.0), noisy(p.itl_ms), noisy(p.e2e_ms)
+        # TTFT spreads twice as much as the rest: it is one short interval, not a sum of many.
+        latency = {m.key: noisy(m.of(p), 2.0 if m is TTFT else 1.0) for m in LATENCY_METRICS}
+        ttft, e2e = latency[TTFT.key], latency[E2E.key]
         tps = p.output_tokens_per_s_per_gpu * p.e2e_ms.p50 / e2e.p50
         if mem.max_concurrent_sequences < config.max_batch_size:
             # The KV cache caps concurrency: the rest queue, which shows up in TTFT and E2E.
@@ -113,11 +116,12 @@ class SimulatedBackend:
             wait = capped.e2e_ms.p50 * (config.max_batch_size / cap - 1)
             ttft = Percentiles(ttft.p50 + wait, ttft.p95 + wait * 1.5, ttft.p99 + wait * 2)
             e2e = Percentiles(e2e.p50 + wait, e2e.p95 + wait * 1.5, e2e.p99 + wait * 2)
+            latency[TTFT.key], latency[E2E.key] = ttft, e2e
             tps = capped.output_tokens_per_s_per_gpu
         requests = max(4 * config.max_batch_size, 64)
-        return Measurement(
-            status="ok", ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, output_tokens_per_s_per_gpu=tps,
-            requests=requests, errors=0, duration_s=requests / config.max_batch_size * e2e.p50 / 1e3,
+        return Measurement.ok(
+            latency, output_tokens_per_s_per_gpu=tps, requests=requests,
+            duration_s=requests / config.max_batch_size * e2e.p50 / 1e3,
         )  # fmt: skip
 
     def close(self) -> None:
