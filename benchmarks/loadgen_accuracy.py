@@ -37,8 +37,8 @@ from infertune_tuner.catalog.models import get_model
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.engine import modelled_steady_state
 from infertune_tuner.harness.loadgen import LoadSpec
-from infertune_tuner.harness.metrics import BenchResult
 from infertune_tuner.harness.runner import TrialPlan, free_port, run_trial
+from infertune_tuner.harness.stats import BenchResult
 
 MODEL, GPU, QUANT = "llama-3-8b", "H100-SXM-80GB", "fp8"
 WORKLOAD = Workload(512, 128)

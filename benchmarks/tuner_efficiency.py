@@ -2,7 +2,7 @@
 
 Scenarios mix GPUs, models, workloads and SLOs (TTFT/ITL/E2E bounds at p50/p95/p99) over spaces
 of ~100-300 configurations. Each runs against simulated pools of every world family
-(`infertune_tuner.worlds`): generators with their own formulas and memory accounting, each
+(`infertune_tuner.backends.worlds`): generators with their own formulas and memory accounting, each
 exaggerating one real effect the roofline prior has no term for (prefill stalls, all-reduce
 latency, FP8/INT4 gains that move with batch, a memory frontier elsewhere, CUDA-graph gaps,
 noise and outliers), plus `own-model` (the prior with perturbed factors, the old benchmark).
@@ -40,21 +40,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infertune_tuner import slo as slo_mod
+from infertune_tuner.backends.worlds import FAMILIES, WorldBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.memory_fit import memory_margin, ruled_out
 from infertune_tuner.request import (
     GpuRef,
     ModelRef,
-    SearchSpace,
+    SearchValues,
     SloBound,
     TuningOptions,
     TuningRequest,
-    WorkloadSpec,
+    WorkloadShape,
 )  # fmt: skip
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.space import build_space
-from infertune_tuner.worlds import FAMILIES, WorldBackend
 
 B11 = [1, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 B12 = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
@@ -107,9 +107,9 @@ def request_for(sc: tuple, sampler: str, seed: int, budget: int) -> TuningReques
         name=name.replace("/", "-").replace(" ", "-").replace("+", "-").lower(),
         model=ModelRef(name=model),
         gpu=GpuRef(product=gpu, max_gpus_per_replica=maxg),
-        workload=WorkloadSpec(input_tokens=isl, output_tokens=osl),
+        workload=WorkloadShape(input_tokens=isl, output_tokens=osl),
         slo=bounds,
-        search=SearchSpace(tensor_parallel=tps, max_batch_size=bs, quantization=qs,
+        search=SearchValues(tensor_parallel=tps, max_batch_size=bs, quantization=qs,
                            kv_cache_dtype=kvs, max_accuracy_loss_percent=acc),
         tuning=TuningOptions(max_trials=budget, seed=seed, sampler=sampler, backend="simulated"),
     )  # fmt: skip

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from infertune_tuner.harness.metrics import RequestTrace, compute, percentile, summarize
+from infertune_tuner.harness.stats import RequestTrace, compute, percentile, summarize
 
 
 def approx(x: float) -> object:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from infertune_operator import reconcile
+from infertune_operator import reconcile, report_store, tuner_job
 from infertune_operator.cli import app
 from infertune_tuner.result import Report
 
@@ -38,7 +38,7 @@ def _report(tmp_path: Path, *, feasible: bool = True) -> Report:
 
 
 def _report_cm(report_json: str) -> dict[str, Any]:
-    return reconcile.report_configmap(
+    return report_store.report_configmap(
         name="llm", namespace=NS, report_json=report_json, th="abcd1234", owner_uid=None
     )
 
@@ -122,7 +122,7 @@ async def test_tune_job_writes_the_report_configmap_and_overwrites_it(
     obj, _ = reconcile.validate(body)
     assert obj is not None
     request = tmp_path / "request.json"
-    cm = reconcile.request_configmap(obj, body, "h1", SETTINGS)
+    cm = tuner_job.request_configmap(obj, body, "h1", SETTINGS)
     request.write_text(cm["data"]["request.json"])
     args = ["tune-job", "--request", str(request), "--report-configmap", "llm-tuning-report",
             "--namespace", NS, "--owner-uid", "uid-1", "--tuning-hash", "h1"]  # fmt: skip

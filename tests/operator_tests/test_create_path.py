@@ -13,7 +13,7 @@ from typing import Any
 
 from kmock._internal import enums
 
-from infertune_operator import handlers, k8s, reconcile
+from infertune_operator import controller, handlers, k8s, naming, reconcile, tuner_job
 
 from .apiserver import (
     NS,
@@ -59,7 +59,7 @@ def _job_for(body: dict[str, Any]) -> dict[str, Any]:
     obj, problems = reconcile.validate(body)
     assert obj is not None, problems
     th = reconcile.tuning_hash(body["spec"], SETTINGS)
-    return reconcile.tuner_job(obj, body, th, SETTINGS)
+    return tuner_job.tuner_job(obj, body, th, SETTINGS)
 
 
 async def test_a_new_object_reads_only_its_report_before_starting_tuning(
@@ -67,13 +67,13 @@ async def test_a_new_object_reads_only_its_report_before_starting_tuning(
 ) -> None:
     body = await create(api, manifest("fresh"))
     th = reconcile.tuning_hash(body["spec"], SETTINGS)
-    job_name = reconcile.job_name("fresh", th)
+    job_name = naming.job_name("fresh", th)
 
     await wait_for(lambda: phase(api, "fresh") == "Pending", what="phase Pending")
     assert [j["metadata"]["name"] for j in jobs_of(api, "fresh")] == [job_name]
     assert _reads(api, "inferencedeployments", "fresh") == 0  # Kopf's event body stands in
     assert _reads(api, "jobs", job_name) == 0  # created straight away
-    assert _reads(api, "configmaps", reconcile.report_configmap_name("fresh")) == 1
+    assert _reads(api, "configmaps", naming.report_configmap_name("fresh")) == 1
     assert _creates(api, "jobs") == 1
     tuned = condition(get(api, "inferencedeployments", "fresh"), "Tuned")
     assert tuned["reason"] == "TuningPending"
@@ -104,14 +104,18 @@ async def test_only_the_first_sync_of_an_object_takes_the_create_shortcut(
     api: FakeApiServer,
 ) -> None:
     body = await create(api, manifest("twice"))
-    ctx = handlers.Context(
+    ctx = controller.Context(
         kube=k8s.Kube.for_url(api_url(api)), settings=SETTINGS, post_event=lambda *_: None
     )
 
-    assert await asyncio.to_thread(handlers.sync, ctx, NS, "twice", created_body=body) == "Pending"
+    assert (
+        await asyncio.to_thread(controller.sync, ctx, NS, "twice", created_body=body) == "Pending"
+    )
     assert _reads(api, "inferencedeployments", "twice") == 0
     # Any later call, a create retried with the same event body included, reads what is.
-    assert await asyncio.to_thread(handlers.sync, ctx, NS, "twice", created_body=body) == "Pending"
+    assert (
+        await asyncio.to_thread(controller.sync, ctx, NS, "twice", created_body=body) == "Pending"
+    )
     assert _reads(api, "inferencedeployments", "twice") == 1
     assert _creates(api, "jobs") == 1
     assert len(jobs_of(api, "twice")) == 1
@@ -120,10 +124,10 @@ async def test_only_the_first_sync_of_an_object_takes_the_create_shortcut(
 async def test_an_object_with_status_never_takes_the_create_shortcut(api: FakeApiServer) -> None:
     body = await create(api, manifest("known"))
     body["status"] = {"phase": "Pending"}
-    ctx = handlers.Context(
+    ctx = controller.Context(
         kube=k8s.Kube.for_url(api_url(api)), settings=SETTINGS, post_event=lambda *_: None
     )
-    await asyncio.to_thread(handlers.sync, ctx, NS, "known", created_body=body)
+    await asyncio.to_thread(controller.sync, ctx, NS, "known", created_body=body)
     assert _reads(api, "inferencedeployments", "known") == 1
 
 

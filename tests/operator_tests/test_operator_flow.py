@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infertune_operator import reconcile
+from infertune_operator import reconcile, report_store
 from infertune_tuner.result import Report
 
 from .apiserver import (
@@ -400,7 +400,7 @@ async def _seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path)
     obj, problems = reconcile.validate(body)
     assert obj is not None, problems
     report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / name)
-    await post(api, "configmaps", reconcile.report_configmap(
+    await post(api, "configmaps", report_store.report_configmap(
         name=name, namespace=NS, report_json=report.to_json(), th=th, owner_uid=None,
     ))  # fmt: skip
     return report

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import reconcile
+from infertune_operator import conditions, naming, reconcile, report_store, tuner_job
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
@@ -99,12 +99,12 @@ def test_derived_names_fit_kubernetes_limits_for_the_longest_valid_name() -> Non
     body = _body(name)
     obj = _obj(body)
     th = reconcile.tuning_hash(body["spec"], SETTINGS)
-    job = reconcile.tuner_job(obj, body, th, SETTINGS)
+    job = tuner_job.tuner_job(obj, body, th, SETTINGS)
     assert len(job["metadata"]["name"]) <= 63
     for value in job["metadata"]["labels"].values():
         assert len(value) <= 63
-    assert len(reconcile.report_configmap_name(name)) <= 63
-    assert len(reconcile.request_configmap_name(name, th)) <= 253
+    assert len(naming.report_configmap_name(name)) <= 63
+    assert len(naming.request_configmap_name(name, th)) <= 253
 
 
 # ------------------------------------------------------------------ validation
@@ -135,8 +135,8 @@ def test_validation_checks_the_catalogs_and_ignores_server_metadata() -> None:
 def test_gpu_job_requests_the_largest_tp_that_fits_one_node() -> None:
     body = _gpu_body()
     obj = _obj(body)
-    assert reconcile.tuner_gpus(obj) == 4  # 8 is in the space but maxGpusPerReplica is 4
-    job = reconcile.tuner_job(obj, body, "abcd1234", SETTINGS)
+    assert tuner_job.tuner_gpus(obj) == 4  # 8 is in the space but maxGpusPerReplica is 4
+    job = tuner_job.tuner_job(obj, body, "abcd1234", SETTINGS)
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == SETTINGS.tuner_image
@@ -155,7 +155,7 @@ def test_gpu_job_keeps_the_users_node_selector_and_tolerations() -> None:
     body = _gpu_body()
     body["spec"]["gpu"]["nodeSelector"] = {"pool": "inference"}
     body["spec"]["gpu"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
-    pod = reconcile.tuner_job(_obj(body), body, "abcd1234", SETTINGS)["spec"]["template"]["spec"]
+    pod = tuner_job.tuner_job(_obj(body), body, "abcd1234", SETTINGS)["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["pool"] == "inference"
     assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
 
@@ -167,7 +167,7 @@ def test_gpu_job_runs_where_the_winner_will_serve() -> None:
     body["spec"]["gpu"]["nodeSelector"] = {"pool": "inference"}
     body["spec"]["gpu"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
     obj = _obj(body)
-    job_pod = reconcile.tuner_job(obj, body, "abcd1234", SETTINGS)["spec"]["template"]["spec"]
+    job_pod = tuner_job.tuner_job(obj, body, "abcd1234", SETTINGS)["spec"]["template"]["spec"]
     served = render_serving(obj, TrialConfig(4, 8, "bf16", "auto"), SETTINGS, simulated=False)
     deployment = next(o for o in served if o["kind"] == "Deployment")
     serving_pod = deployment["spec"]["template"]["spec"]
@@ -178,7 +178,7 @@ def test_gpu_job_runs_where_the_winner_will_serve() -> None:
 def test_simulated_job_runs_on_the_operator_image_without_gpus() -> None:
     body = _body()
     body["spec"]["gpu"]["nodeSelector"] = {"pool": "gpu"}
-    job = reconcile.tuner_job(_obj(body), body, "abcd1234", SETTINGS)
+    job = tuner_job.tuner_job(_obj(body), body, "abcd1234", SETTINGS)
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == SETTINGS.operator_image
@@ -189,13 +189,13 @@ def test_simulated_job_runs_on_the_operator_image_without_gpus() -> None:
 def test_simulated_by_operator_default_when_the_spec_leaves_backend_unset() -> None:
     body = _body(tuning={"maxTrials": 5})
     simulated = Settings(operator_image="op:1", default_backend="simulated")
-    job = reconcile.tuner_job(_obj(body), body, "abcd1234", simulated)
+    job = tuner_job.tuner_job(_obj(body), body, "abcd1234", simulated)
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "op:1"
 
 
 def test_job_command_labels_owner_and_deadline() -> None:
     body = _body(tuning={"backend": "simulated", "timeoutMinutes": 30})
-    job = reconcile.tuner_job(_obj(body), body, "abcd1234", SETTINGS)
+    job = tuner_job.tuner_job(_obj(body), body, "abcd1234", SETTINGS)
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command == [
         "infertune", "tune-job", "--request", "/config/request.json",
@@ -210,12 +210,12 @@ def test_job_command_labels_owner_and_deadline() -> None:
         "apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment", "name": "llm",
         "uid": "0000-uid", "controller": True, "blockOwnerDeletion": True,
     }  # fmt: skip
-    assert job["spec"]["activeDeadlineSeconds"] == 30 * 60 + reconcile.JOB_DEADLINE_GRACE_S
+    assert job["spec"]["activeDeadlineSeconds"] == 30 * 60 + tuner_job.JOB_DEADLINE_GRACE_S
 
 
 def test_request_configmap_holds_the_tuning_request_with_operator_defaults() -> None:
     body = _body(tuning={})
-    cm = reconcile.request_configmap(_obj(body), body, "abcd1234", SETTINGS)
+    cm = tuner_job.request_configmap(_obj(body), body, "abcd1234", SETTINGS)
     request = TuningRequest.model_validate_json(cm["data"]["request.json"])
     assert request.tuning.backend == "triton" and request.tuning.max_trials == 40
     assert cm["metadata"]["name"] == "llm-tune-abcd1234-request"
@@ -224,11 +224,11 @@ def test_request_configmap_holds_the_tuning_request_with_operator_defaults() -> 
 
 def test_superseded_objects_are_the_other_hashes() -> None:
     objs = [
-        {"metadata": {"name": "a", "labels": {reconcile.LABEL_HASH: "old"}}},
-        {"metadata": {"name": "b", "labels": {reconcile.LABEL_HASH: "new"}}},
+        {"metadata": {"name": "a", "labels": {naming.LABEL_HASH: "old"}}},
+        {"metadata": {"name": "b", "labels": {naming.LABEL_HASH: "new"}}},
         {"metadata": {"name": "c", "labels": {}}},
     ]
-    assert reconcile.superseded(objs, "new") == ["a"]
+    assert tuner_job.superseded(objs, "new") == ["a"]
 
 
 # ------------------------------------------------------------------ Job and pod outcome
@@ -251,7 +251,7 @@ def test_superseded_objects_are_the_other_hashes() -> None:
 )  # fmt: skip
 def test_job_outcome(status: dict[str, Any], state: str) -> None:
     job = {"spec": {"backoffLimit": 2}, "status": status}
-    assert reconcile.job_outcome(job).state == state
+    assert tuner_job.job_outcome(job).state == state
 
 
 def test_pod_failure_picks_the_latest_failed_container() -> None:
@@ -264,18 +264,18 @@ def test_pod_failure_picks_the_latest_failed_container() -> None:
                            "finishedAt": "2026-01-01T00:05:00Z"}
         }}]}},
     ]  # fmt: skip
-    failure = reconcile.pod_failure(pods)
+    failure = tuner_job.pod_failure(pods)
     assert failure is not None and failure.pod == "p2" and failure.reason == "OOMKilled"
-    message = reconcile.job_failure_message(
-        "j", reconcile.JobOutcome("failed", "BackoffLimitExceeded"), failure, ""
+    message = tuner_job.job_failure_message(
+        "j", tuner_job.JobOutcome("failed", "BackoffLimitExceeded"), failure, ""
     )
     assert "OOMKilled" in message and "exit code 137" in message and "memory" in message
     assert "kubectl logs job/j" in message
 
 
 def test_job_failure_message_without_pods_uses_the_job_reason_and_logs() -> None:
-    outcome = reconcile.JobOutcome("failed", "DeadlineExceeded", "Job was active longer")
-    message = reconcile.job_failure_message("j", outcome, None, "a\nb\nTraceback: boom\n")
+    outcome = tuner_job.JobOutcome("failed", "DeadlineExceeded", "Job was active longer")
+    message = tuner_job.job_failure_message("j", outcome, None, "a\nb\nTraceback: boom\n")
     assert "DeadlineExceeded" in message and "timeoutMinutes" in message
     assert "Traceback: boom" in message
 
@@ -294,11 +294,11 @@ def test_pod_waiting_reason_explains_a_pending_tuner() -> None:
             "reason": "ImagePullBackOff", "message": "Back-off pulling image tuner:1",
         }}}]},
     }  # fmt: skip
-    assert "Insufficient nvidia.com/gpu" in (reconcile.pod_waiting_reason([unschedulable]) or "")
-    assert reconcile.pod_waiting_reason([unschedulable, pulling]) == (
+    assert "Insufficient nvidia.com/gpu" in (tuner_job.pod_waiting_reason([unschedulable]) or "")
+    assert tuner_job.pod_waiting_reason([unschedulable, pulling]) == (
         "pod p2: ImagePullBackOff: Back-off pulling image tuner:1"
     )
-    assert reconcile.pod_waiting_reason([]) is None
+    assert tuner_job.pod_waiting_reason([]) is None
     t = reconcile.tuning_pending("j", "pod p1 cannot be scheduled: x", None)
     assert t.phase == "Pending" and t.conditions["Tuned"].reason == "TuningPending"
     assert "cannot be scheduled" in t.message
@@ -307,7 +307,7 @@ def test_pod_waiting_reason_explains_a_pending_tuner() -> None:
 def test_evicted_pods_count_as_failures() -> None:
     pods = [{"metadata": {"name": "p"}, "status": {"phase": "Failed", "reason": "Evicted",
                                                     "message": "low on memory"}}]  # fmt: skip
-    failure = reconcile.pod_failure(pods)
+    failure = tuner_job.pod_failure(pods)
     assert failure is not None and failure.reason == "Evicted"
 
 
@@ -331,45 +331,45 @@ def _tmp() -> Any:
 
 def test_report_configmap_round_trips_plain_and_gzipped() -> None:
     report = _report()
-    small = reconcile.report_configmap(
+    small = report_store.report_configmap(
         name="llm", namespace=NS, report_json=report.to_json(), th="abcd1234", owner_uid="u"
     )
     assert "report.json" in small["data"] and small["binaryData"] is None
-    assert reconcile.configmap_hash(small) == "abcd1234"
-    assert reconcile.parse_report(small) == report
+    assert report_store.configmap_hash(small) == "abcd1234"
+    assert report_store.parse_report(small) == report
     assert small["metadata"]["ownerReferences"][0]["uid"] == "u"
     assert "blockOwnerDeletion" not in small["metadata"]["ownerReferences"][0]
 
     big_json = report.to_json().replace(
         '"request": {', '"request": {"padding": "' + "x" * 950_000 + '", ', 1
     )
-    big = reconcile.report_configmap(
+    big = report_store.report_configmap(
         name="llm", namespace=NS, report_json=big_json, th="abcd1234", owner_uid=None
     )
     assert big["data"] is None and "report.json.gz" in big["binaryData"]
     assert len(big["binaryData"]["report.json.gz"]) < 900 * 1024
-    assert reconcile.report_text(big) == big_json
+    assert report_store.report_text(big) == big_json
 
 
 def test_parse_report_rejects_what_is_not_a_report() -> None:
     with pytest.raises(ValueError, match="neither"):
-        reconcile.parse_report({"metadata": {"name": "x"}, "data": {}})
+        report_store.parse_report({"metadata": {"name": "x"}, "data": {}})
     with pytest.raises(ValueError, match="not a valid infertune report"):
-        reconcile.parse_report({"data": {"report.json": '{"schema": "nope"}'}})
+        report_store.parse_report({"data": {"report.json": '{"schema": "nope"}'}})
 
 
 # ------------------------------------------------------------------ status and conditions
 
 
 def test_conditions_keep_their_transition_time_while_the_status_holds() -> None:
-    first = reconcile.set_conditions(
-        None, {"Tuned": reconcile.Cond("False", "TuningStarted", "a")}, generation=1, now="t1"
+    first = conditions.set_conditions(
+        None, {"Tuned": conditions.Cond("False", "TuningStarted", "a")}, generation=1, now="t1"
     )
-    same = reconcile.set_conditions(
-        first, {"Tuned": reconcile.Cond("False", "TuningStarted", "b")}, generation=2, now="t2"
+    same = conditions.set_conditions(
+        first, {"Tuned": conditions.Cond("False", "TuningStarted", "b")}, generation=2, now="t2"
     )
-    moved = reconcile.set_conditions(
-        same, {"Tuned": reconcile.Cond("True", "TuningSucceeded", "c")}, generation=2, now="t3"
+    moved = conditions.set_conditions(
+        same, {"Tuned": conditions.Cond("True", "TuningSucceeded", "c")}, generation=2, now="t3"
     )
     assert same[0]["lastTransitionTime"] == "t1" and same[0]["observedGeneration"] == 2
     assert moved[0]["lastTransitionTime"] == "t3"
@@ -377,25 +377,25 @@ def test_conditions_keep_their_transition_time_while_the_status_holds() -> None:
 
 def test_status_patch_is_none_when_nothing_changed() -> None:
     t = reconcile.invalid_spec(["spec.gpu.product: unknown"])
-    new = reconcile.next_status(None, t, generation=1, now="t", tuning_hash=None)
-    assert reconcile.status_patch(None, new) == new
-    assert reconcile.status_patch(new, new) is None
-    again = reconcile.next_status(new, t, generation=1, now="later", tuning_hash=None)
-    assert reconcile.status_patch(new, again) is None  # no churn, no events
-    assert reconcile.transition_events(new, again) == []
+    new = conditions.next_status(None, t, generation=1, now="t", tuning_hash=None)
+    assert conditions.status_patch(None, new) == new
+    assert conditions.status_patch(new, new) is None
+    again = conditions.next_status(new, t, generation=1, now="later", tuning_hash=None)
+    assert conditions.status_patch(new, again) is None  # no churn, no events
+    assert conditions.transition_events(new, again) == []
 
 
 def test_transitions_emit_one_event_per_changed_condition() -> None:
-    started = reconcile.next_status(
+    started = conditions.next_status(
         None, reconcile.tuning_started("j", old_status=None),
         generation=1, now="t", tuning_hash="h",
     )  # fmt: skip
-    events = reconcile.transition_events(None, started)
+    events = conditions.transition_events(None, started)
     assert [(e.type, e.reason) for e in events] == [("Normal", "TuningStarted")]
-    failed = reconcile.next_status(
+    failed = conditions.next_status(
         started, reconcile.tuning_job_failed("boom"), generation=1, now="t", tuning_hash="h"
     )
-    assert [(e.type, e.reason) for e in reconcile.transition_events(started, failed)] == [
+    assert [(e.type, e.reason) for e in conditions.transition_events(started, failed)] == [
         ("Warning", "TuningJobFailed")
     ]
     assert failed["phase"] == "Failed" and failed["tuningHash"] == "h"
@@ -415,7 +415,7 @@ def test_tuned_status_fields_match_the_crd() -> None:
     assert set(fields) <= set(crd)
     assert set(fields["bestMetrics"]) <= set(crd["bestMetrics"]["properties"])
     assert set(fields["bestConfig"]) <= set(crd["bestConfig"]["properties"])
-    status = reconcile.next_status(
+    status = conditions.next_status(
         None,
         reconcile.serving(name="llm", namespace=NS, config=reconcile.best_config(report),
                           availability=reconcile.Availability(1, 1, True),
@@ -484,16 +484,16 @@ def test_owned_objects_carry_owner_labels_and_a_render_hash() -> None:
     body = _body()
     rendered: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llm"},
                 "spec": {"ports": [{"port": 8001}]}}  # fmt: skip
-    desired = reconcile.owned(rendered, body)
+    desired = naming.owned(rendered, body)
     assert desired["metadata"]["namespace"] == NS
     assert desired["metadata"]["labels"]["infertune.io/deployment"] == "llm"
     assert desired["metadata"]["ownerReferences"][0]["uid"] == "0000-uid"
     assert "ownerReferences" not in rendered["metadata"]  # the input is not mutated
-    assert reconcile.needs_apply(None, desired)
-    assert not reconcile.needs_apply(desired, reconcile.owned(rendered, body))
+    assert naming.needs_apply(None, desired)
+    assert not naming.needs_apply(desired, naming.owned(rendered, body))
     changed = copy.deepcopy(rendered)
     changed["spec"]["ports"][0]["port"] = 9000
-    assert reconcile.needs_apply(desired, reconcile.owned(changed, body))
+    assert naming.needs_apply(desired, naming.owned(changed, body))
 
 
 def test_brand_new_means_no_status_and_not_being_deleted() -> None:

@@ -7,11 +7,11 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import (
     GpuRef,
     ModelRef,
-    SearchSpace,
+    SearchValues,
     SloBound,
     TuningOptions,
     TuningRequest,
-    WorkloadSpec,
+    WorkloadShape,
 )  # fmt: skip
 
 
@@ -31,9 +31,9 @@ def request(
         name=name,
         model=ModelRef(name="llama-2-70b"),
         gpu=GpuRef(product="H100-SXM-80GB", max_gpus_per_replica=8),
-        workload=WorkloadSpec(input_tokens=1024, output_tokens=512),
+        workload=WorkloadShape(input_tokens=1024, output_tokens=512),
         slo=[SloBound(metric="e2e_ms", percentile="p95", max_ms=e2e_p95)],
-        search=SearchSpace(
+        search=SearchValues(
             tensor_parallel=tps or [1, 2, 4, 8],
             max_batch_size=batches or [1, 8, 16, 32, 64, 96, 128, 192, 256],
             quantization=quants or ["fp16", "fp8", "nvfp4"],

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from infertune_tuner.backends import make_backend
+from infertune_tuner.backends.worlds import FAMILIES, WorldBackend, physics
+from infertune_tuner.backends.worlds.closed_loop import run_loop
+from infertune_tuner.backends.worlds.families import CAPTURED_BATCHES, knobs_for
 from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.catalog.models import get_model
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
+from infertune_tuner.metrics import ITL, TTFT
 from infertune_tuner.run import tune
-from infertune_tuner.worlds import FAMILIES, WorldBackend, physics
-from infertune_tuner.worlds.closed_loop import run_loop
-from infertune_tuner.worlds.families import CAPTURED_BATCHES, knobs_for
 
 from .helpers import request
 
@@ -49,7 +50,8 @@ def test_prefill_stalls_make_itl_grow_with_batch_and_widen_ttft_tails() -> None:
         cfg = TrialConfig(4, batch, "fp8", "auto")
         s = physics.steps(LLAMA70, H100, cfg, batch, 1024, 256, kk)
         r = run_loop(s, batch, 1024, 256, kk, rng, requests=4000, noisy=False)
-        return r.itl_ms.p50, r.ttft_ms.p99 / r.ttft_ms.p50
+        itl, ttft = r.latency[ITL.key], r.latency[TTFT.key]
+        return itl.p50, ttft.p99 / ttft.p50
 
     small, large = itl_and_tail(True, 8), itl_and_tail(True, 128)
     chunk_small, chunk_large = itl_and_tail(False, 8), itl_and_tail(False, 128)

@@ -1,30 +1,56 @@
 """The `infertune` command line.
 
-Every command turns bad input into a one-line (or one-line-per-problem) message on stderr and
-exit code 2 -- never a traceback. Heavy imports happen inside the commands so that `infertune tune`
-does not load Kopf or the Kubernetes client.
+Every command is a plain function in a ``cli_*`` module (``simserver`` is the tuner's own) and
+is registered in one place, :data:`COMMANDS`. Bad input is an ``InputError`` raised anywhere in a
+command: the app's :class:`~infertune_tuner.cli_support.Group` prints ``error: ...`` and exits
+with the error's code (2 unless it says otherwise), never a traceback. Heavy imports happen
+inside the commands, so that `infertune tune` does not load Kopf or the Kubernetes client.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from infertune_operator.cli_errors import EXIT_INVALID, user_errors
+from infertune_operator import __version__, cli_harness, cli_operator, cli_tuner
+from infertune_tuner import defaults
+from infertune_tuner.cli_support import Group, command
+from infertune_tuner.errors import EXIT_INVALID
+from infertune_tuner.harness.simserver_cli import simserver
 
 app = typer.Typer(
     name="infertune",
     help="Autotune LLM inference deployments (Triton + TensorRT-LLM) against latency SLOs.",
+    cls=Group,
+    rich_markup_mode="markdown",  # docstring paragraphs reflow; `code` renders as code
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
 
-@app.command()
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"infertune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    """Autotune LLM inference deployments (Triton + TensorRT-LLM) against latency SLOs."""
+
+
 def crd() -> None:
     """Print the InferenceDeployment CustomResourceDefinition (generated from the API models)."""
     from infertune_operator.api.crd import crd_yaml
@@ -32,8 +58,6 @@ def crd() -> None:
     sys.stdout.write(crd_yaml())
 
 
-@app.command()
-@user_errors
 def validate(
     file: Annotated[Path, typer.Argument(help="InferenceDeployment manifest, YAML or JSON.")],
 ) -> None:
@@ -49,22 +73,29 @@ def validate(
             typer.echo(f"  - {p}", err=True)
         raise typer.Exit(EXIT_INVALID)
     s = obj.spec
+    backend = s.tuning.backend or f"{defaults.CLUSTER_BACKEND} (the operator's default)"
     typer.echo(
         f"{file}: valid {obj.kind} {obj.metadata.name!r}: {s.model.name} on {s.gpu.product}, "
-        f"{s.workload.input_tokens} in / {s.workload.output_tokens} out, "
-        f"backend {s.tuning.effective_backend()}"
+        f"{s.workload.input_tokens} in / {s.workload.output_tokens} out, backend {backend}"
     )
 
 
-def _register_commands() -> None:
-    """Command groups live in their own modules; each adds its commands to `app`."""
-    from infertune_operator import cli_harness, cli_operator, cli_tuner
-
-    for module in (cli_tuner, cli_harness, cli_operator):
-        module.register(app)
-
-
-_register_commands()
+COMMANDS: tuple[Callable[..., Any], ...] = (
+    crd,
+    validate,
+    cli_tuner.tune,
+    cli_tuner.predict,
+    cli_tuner.gpus,
+    cli_tuner.models,
+    cli_harness.bench,
+    simserver,
+    cli_harness.render,
+    cli_operator.operator,
+    cli_operator.tune_job,
+    cli_operator.report,
+)
+for _command in COMMANDS:
+    command(app, _command)
 
 
 def main() -> None:

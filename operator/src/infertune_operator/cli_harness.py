@@ -1,9 +1,9 @@
-"""`infertune bench`, `infertune simserver`, `infertune render`: the benchmark harness commands.
+"""`infertune bench`, `infertune render`: the benchmark harness commands (`infertune simserver`
+is the tuner's own command, `infertune_tuner.harness.simserver_cli`).
 
-`register(app)` adds them to the main Typer app (cli.py). Bad input prints `error: ...` and exits
-2 without a traceback. `bench` exits 0 when every request completed, 1 when some failed (the
-report is still printed; `errors` and `error_samples` say which), 2 when the server cannot be
-reached or the arguments are invalid.
+`bench` exits 0 when every request completed, 1 when some failed (the report is still printed;
+`errors` and `error_samples` say which), 2 when the server cannot be reached or the arguments
+are invalid.
 """
 
 from __future__ import annotations
@@ -15,18 +15,24 @@ from typing import Annotated, Any
 
 import typer
 
-from infertune_operator.cli_errors import fail, user_errors
+from infertune_tuner.config import (
+    CONFIG_KEYS,
+    KV_CACHE_DTYPE_VALUES,
+    QUANTIZATION_VALUES,
+    TrialConfig,
+)
 from infertune_tuner.errors import InputError
+from infertune_tuner.metrics import LATENCY_METRICS
 
 EXIT_SOME_FAILED = 1
 
 
-def parse_config(text: str) -> Any:
-    """`tp=2,max_batch_size=128,quantization=fp8,kv_cache_dtype=auto` -> TrialConfig
-    (kv_cache_dtype defaults to auto)."""
-    from infertune_operator.api.models import KV_CACHE_DTYPES, QUANTIZATIONS
-    from infertune_tuner.config import CONFIG_KEYS, TrialConfig
+CONFIG_METAVAR = "tp=N,max_batch_size=N,quantization=Q[,kv_cache_dtype=D]"
 
+
+def parse_config(text: str) -> TrialConfig:
+    """`tp=2,max_batch_size=128,quantization=fp8,kv_cache_dtype=auto` -> TrialConfig
+    (kv_cache_dtype defaults to auto). The `--config` option's parameter type."""
     values: dict[str, str] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -50,10 +56,12 @@ def parse_config(text: str) -> Any:
             raise InputError(f"--config: {key} must be an integer, not {values[key]!r}") from None
         if ints[key] < 1:
             raise InputError(f"--config: {key} must be at least 1")
-    if values["quantization"] not in QUANTIZATIONS:
-        raise InputError(f"--config: quantization must be one of {', '.join(QUANTIZATIONS)}")
-    if values["kv_cache_dtype"] not in KV_CACHE_DTYPES:
-        raise InputError(f"--config: kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
+    if values["quantization"] not in QUANTIZATION_VALUES:
+        raise InputError(f"--config: quantization must be one of {', '.join(QUANTIZATION_VALUES)}")
+    if values["kv_cache_dtype"] not in KV_CACHE_DTYPE_VALUES:
+        raise InputError(
+            f"--config: kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_VALUES)}"
+        )
     return TrialConfig(
         ints["tp"], ints["max_batch_size"], values["quantization"], values["kv_cache_dtype"]
     )
@@ -73,9 +81,8 @@ def _print_table(result: Any) -> None:
     table.add_column("metric (ms)")
     for col in ("p50", "p95", "p99", "mean", "min", "max"):
         table.add_column(col, justify="right")
-    for label, summary in (
-        ("TTFT", result.ttft_ms), ("ITL", result.itl_ms), ("E2E", result.e2e_ms),
-    ):  # fmt: skip
+    for metric in LATENCY_METRICS:
+        label, summary = metric.label, metric.of(result)
         if summary is None:
             table.add_row(label, *["-"] * 6)
         else:
@@ -94,112 +101,75 @@ def _print_table(result: Any) -> None:
         console.print(f"[red]error:[/red] {sample}", markup=True, highlight=False)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    @user_errors
-    def bench(
-        url: Annotated[str, typer.Option("--url", help="Triton gRPC endpoint, HOST:PORT.")],
-        model: Annotated[str, typer.Option("--model", help="Served model name.")],
-        concurrency: Annotated[
-            int | None,
-            typer.Option(
-                help="Requests in flight (closed loop; default 1). With --request-rate: a cap."
-            ),
-        ] = None,
-        requests: Annotated[int, typer.Option(help="Measured requests.")] = 100,
-        input_tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 128,
-        output_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
-        warmup: Annotated[int, typer.Option(help="Warm-up requests (not measured).")] = 0,
-        request_rate: Annotated[
-            float | None, typer.Option(help="Poisson arrivals per second instead of a closed loop.")
-        ] = None,
-        seed: Annotated[int, typer.Option(help="Seed of prompts and arrivals.")] = 0,
-        timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 600.0,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    ) -> None:
-        """Drive a Triton server with streaming requests; report TTFT, ITL, E2E and throughput."""
-        from infertune_tuner.harness.loadgen import LoadSpec, run_load_sync
+def bench(
+    url: Annotated[str, typer.Option("--url", help="Triton gRPC endpoint, HOST:PORT.")],
+    model: Annotated[str, typer.Option("--model", help="Served model name.")],
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            help="Requests in flight (closed loop; default 1). With --request-rate: a cap."
+        ),
+    ] = None,
+    requests: Annotated[int, typer.Option(help="Measured requests.")] = 100,
+    input_tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 128,
+    output_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests (not measured).")] = 0,
+    request_rate: Annotated[
+        float | None, typer.Option(help="Poisson arrivals per second instead of a closed loop.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of prompts and arrivals.")] = 0,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Drive a Triton server with streaming requests; report TTFT, ITL, E2E and throughput."""
+    from infertune_tuner.harness.loadgen import LoadSpec, run_load_sync
 
-        spec = LoadSpec(
-            url=url, model=model,
-            concurrency=concurrency if concurrency is not None or request_rate else 1,
-            requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
-            warmup=warmup, request_rate=request_rate, seed=seed, request_timeout_s=timeout,
-        )  # fmt: skip
-        result = run_load_sync(spec)
-        if as_json:
-            sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
-        else:
-            _print_table(result)
-        if result.errors:
-            raise typer.Exit(EXIT_SOME_FAILED)
+    spec = LoadSpec(
+        url=url, model=model,
+        concurrency=concurrency if concurrency is not None or request_rate else 1,
+        requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
+        warmup=warmup, request_rate=request_rate, seed=seed, request_timeout_s=timeout,
+    )  # fmt: skip
+    result = run_load_sync(spec)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        _print_table(result)
+    if result.errors:
+        raise typer.Exit(EXIT_SOME_FAILED)
 
-    @app.command()
-    @user_errors
-    def simserver(
-        model: Annotated[str, typer.Option(help="Catalog key or Hugging Face id.")],
-        gpu: Annotated[str, typer.Option(help="GPU catalog key or product label.")],
-        max_batch: Annotated[int, typer.Option("--max-batch", help="Engine max batch size.")],
-        port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
-        http_port: Annotated[int, typer.Option(help="HTTP health port (-1: none).")] = 8000,
-        host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
-        tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
-        quant: Annotated[str, typer.Option(help="Quantization.")] = "bf16",
-        kv_dtype: Annotated[str, typer.Option(help="KV-cache dtype: auto or fp8.")] = "auto",
-        served_model: Annotated[str, typer.Option(help="Model name clients use.")] = "llm",
-        time_scale: Annotated[
-            float, typer.Option(help="Multiply all modelled times (0.1 = 10x faster).")
-        ] = 1.0,
-        architecture: Annotated[
-            str | None, typer.Option(help="JSON transformer shape for a model not in the catalog.")
-        ] = None,
-    ) -> None:
-        """Serve a simulated Triton (KServe v2 gRPC, decoupled streaming) timed by the model."""
-        from infertune_tuner.harness import simserver as sim
 
-        cfg = sim.build_config(
-            model=model, gpu=gpu, tp=tp, max_batch=max_batch, quant=quant, kv_dtype=kv_dtype,
-            served_model=served_model, time_scale=time_scale, host=host, port=port,
-            http_port=http_port if http_port >= 0 else None,
-            architecture=sim.parse_architecture(architecture),
-        )  # fmt: skip
-        code = sim.run(cfg)
-        if code:
-            raise typer.Exit(code)
+def render(
+    spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest, YAML or JSON.")],
+    config: Annotated[
+        TrialConfig,
+        typer.Option(
+            help="The configuration to serve.", parser=parse_config, metavar=CONFIG_METAVAR
+        ),
+    ],
+    simulated: Annotated[
+        bool | None,
+        typer.Option(
+            "--simulated/--no-simulated",
+            help="Render the simulated server (default: as the operator resolves the backend: "
+            "spec.tuning.backend, else INFERTUNE_DEFAULT_BACKEND, else triton).",
+        ),
+    ] = None,
+) -> None:
+    """Print the Kubernetes objects (YAML) that would serve one configuration."""
+    import yaml
 
-    _BlockDumper = _block_dumper()
+    from infertune_operator.api.manifest import load_deployment
+    from infertune_operator.render import render_serving
+    from infertune_operator.settings import Settings
 
-    @app.command()
-    @user_errors
-    def render(
-        spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest, YAML or JSON.")],
-        config: Annotated[
-            str,
-            typer.Option(help="tp=2,max_batch_size=128,quantization=fp8,kv_cache_dtype=auto"),
-        ],
-        simulated: Annotated[
-            bool | None,
-            typer.Option(
-                "--simulated/--no-simulated",
-                help="Render the simulated server (default: spec.tuning.backend == simulated).",
-            ),
-        ] = None,
-    ) -> None:
-        """Print the Kubernetes objects (YAML) that would serve one configuration."""
-        import yaml
-
-        from infertune_operator.api.manifest import load_deployment
-        from infertune_operator.render import render_serving
-        from infertune_operator.settings import Settings
-
-        trial = parse_config(config)
-        obj = load_deployment(spec)
-        try:
-            settings = Settings.from_env()
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-        objects = render_serving(obj, trial, settings, simulated=simulated)
-        sys.stdout.write(yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False))
+    obj = load_deployment(spec)
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    objects = render_serving(obj, config, settings, simulated=simulated)
+    sys.stdout.write(yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False))
 
 
 def _block_dumper() -> Any:

@@ -1,7 +1,7 @@
 """The cluster-facing commands: `infertune operator`, `infertune tune-job`, `infertune report`.
 
-Registered on the main typer app by ``cli.py``. Kopf and the Kubernetes client are imported inside
-the commands, so `infertune tune` and friends never pay for them.
+Kopf and the Kubernetes client are imported inside the commands, so `infertune tune` and
+friends never pay for them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from infertune_operator.cli_errors import fail, user_errors
+from infertune_tuner.errors import InputError
 
 if TYPE_CHECKING:
     from infertune_operator.k8s import Kube
@@ -26,7 +26,7 @@ def _kube() -> Kube:
     try:
         return k8s.Kube.from_environment()
     except k8s.KubeConfigError as exc:
-        raise fail(f"cannot reach a cluster: {exc}") from None
+        raise InputError(f"cannot reach a cluster: {exc}") from None
 
 
 def operator(
@@ -52,13 +52,13 @@ def operator(
 
     namespaces = [n for n in namespace or [] if n]
     if all_namespaces and namespaces:
-        raise fail("give either --namespace (repeatable) or --all-namespaces, not both")
+        raise InputError("give either --namespace (repeatable) or --all-namespaces, not both")
     if not all_namespaces and not namespaces:
-        raise fail("give --namespace NS (repeatable) or --all-namespaces")
+        raise InputError("give --namespace NS (repeatable) or --all-namespaces")
     try:
         settings = Settings.from_env()
     except ValueError as exc:
-        raise fail(f"operator settings: {exc}") from None
+        raise InputError(f"operator settings: {exc}") from None
     kube = _kube()
     kopf.configure(verbose=verbose)
     asyncio.run(
@@ -90,8 +90,7 @@ def tune_job(
     Exits 0 whether or not a configuration met the SLO (the report says which); only a crash
     fails the Job.
     """
-    from infertune_operator import k8s, reconcile
-    from infertune_tuner.errors import InputError
+    from infertune_operator import k8s, naming, report_store
     from infertune_tuner.request import TuningRequest
     from infertune_tuner.run import tune
 
@@ -101,13 +100,13 @@ def tune_job(
         raise InputError(f"{request}: no such file") from None
     except ValueError as exc:
         raise InputError(f"{request}: not a valid TuningRequest: {exc}") from None
-    expected = reconcile.report_configmap_name(req.name)
+    expected = naming.report_configmap_name(req.name)
     if report_configmap != expected:
         raise InputError(f"--report-configmap must be {expected!r} for request {req.name!r}")
     kube = _kube()
     with tempfile.TemporaryDirectory(prefix="infertune-tune-") as tmp:
-        report = tune(req, backend=req.tuning.backend, out_dir=Path(tmp), progress=False)
-    body = reconcile.report_configmap(
+        report = tune(req, backend=req.tuning.backend, out_dir=Path(tmp))
+    body = report_store.report_configmap(
         name=req.name,
         namespace=namespace,
         report_json=report.to_json(),
@@ -119,7 +118,7 @@ def tune_job(
         if not created:
             kube.patch(k8s.CONFIGMAPS, namespace, report_configmap, body)
     except k8s.KubeError as exc:
-        raise fail(f"cannot write the report ConfigMap: {exc}", 1) from None
+        raise InputError(f"cannot write the report ConfigMap: {exc}", exit_code=1) from None
     verdict = (
         f"best {report.best.config.label()}" if report.best is not None else "no feasible config"
     )
@@ -144,25 +143,25 @@ def report(
     """Fetch an InferenceDeployment's tuning report from the cluster; write JSON/Markdown/HTML."""
     import webbrowser
 
-    from infertune_operator import k8s, reconcile
+    from infertune_operator import k8s, naming, report_store
     from infertune_tuner.run import write_report
 
     kube = _kube()
     ns = namespace or kube.default_namespace
-    cm_name = reconcile.report_configmap_name(name)
+    cm_name = naming.report_configmap_name(name)
     try:
         cm = kube.get(k8s.CONFIGMAPS, ns, cm_name)
     except k8s.KubeError as exc:
-        raise fail(f"cannot read ConfigMap {ns}/{cm_name}: {exc}") from None
+        raise InputError(f"cannot read ConfigMap {ns}/{cm_name}: {exc}") from None
     if cm is None:
-        raise fail(
+        raise InputError(
             f"no tuning report for {name!r} in namespace {ns!r} (ConfigMap {cm_name} not found); "
             f"is tuning finished? see `kubectl get infd {name} -n {ns}`"
         )
     try:
-        parsed = reconcile.parse_report(cm)
+        parsed = report_store.parse_report(cm)
     except ValueError as exc:
-        raise fail(f"ConfigMap {ns}/{cm_name}: {exc}") from None
+        raise InputError(f"ConfigMap {ns}/{cm_name}: {exc}") from None
     paths = write_report(parsed, out or Path(f"{name}-report"))
     for p in paths:
         typer.echo(str(p))
@@ -170,10 +169,3 @@ def report(
         html = paths[-1].resolve()
         if not webbrowser.open(html.as_uri()):
             typer.echo(f"could not open a browser; open {html}", err=True)
-
-
-def register(app: typer.Typer) -> None:
-    """Add the commands to the main app (called from ``cli.py``)."""
-    app.command("operator")(operator)
-    app.command("tune-job")(user_errors(tune_job))
-    app.command("report")(user_errors(report))

@@ -9,8 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from infertune_operator.cli_errors import fail, user_errors
+from infertune_tuner import defaults
+from infertune_tuner.backends import BACKEND_HELP
+from infertune_tuner.cli_support import KvDtypeOption, QuantOption, one_of
 from infertune_tuner.errors import InputError
+from infertune_tuner.request import Sampler
 
 EXIT_NO_FEASIBLE = 3
 EXIT_TRIALS_FAILED = 4
@@ -45,238 +48,222 @@ def _listing(
     Console().print(table)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    @user_errors
-    def tune(
-        spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest (YAML or JSON).")],
-        backend: Annotated[
-            str, typer.Option(help="simulated | replay:PATH | triton. Default: simulated.")
-        ] = "simulated",
-        out: Annotated[
-            Path | None, typer.Option(help="Output directory (default infertune-out/NAME).")
-        ] = None,
-        seed: Annotated[int | None, typer.Option(help="Override spec.tuning.seed.")] = None,
-        max_trials: Annotated[
-            int | None, typer.Option(help="Override spec.tuning.maxTrials.")
-        ] = None,
-        sampler: Annotated[
-            str | None, typer.Option(help="auto | tpe | random | grid (default: the spec's).")
-        ] = None,
-        server_command: Annotated[
-            str | None,
-            typer.Option(
-                help="triton backend: command template that starts the server instead of tritonserver."
-            ),
-        ] = None,
-        progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
-    ) -> None:
-        """Tune a deployment locally and write report.json/md/html.
+def tune(
+    spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest (YAML or JSON).")],
+    backend: Annotated[
+        str, typer.Option(help=f"{BACKEND_HELP}.", metavar="BACKEND")
+    ] = defaults.LOCAL_BACKEND,
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default infertune-out/NAME).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Override spec.tuning.seed.")] = None,
+    max_trials: Annotated[int | None, typer.Option(help="Override spec.tuning.maxTrials.")] = None,
+    sampler: Annotated[
+        str | None,
+        typer.Option(
+            help="Override spec.tuning.sampler.", **one_of(Sampler, "--sampler", "sampler")
+        ),
+    ] = None,
+    server_command: Annotated[
+        str | None,
+        typer.Option(
+            help="triton backend: command template that starts the server instead of tritonserver."
+        ),
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Tune a deployment locally and write report.json/md/html.
 
-        Exit 0 with a feasible best, 3 when nothing meets the SLO, 4 when the trials themselves
-        keep failing (server does not start, no checkpoint), 2 on bad input.
+    Exit 0 with a feasible best, 3 when nothing meets the SLO, 4 when the trials themselves
+    keep failing (server does not start, no checkpoint), 2 on bad input.
 
-        Locally the default backend is the simulated GPU pool; `--backend triton` runs real
-        trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
-        recorded measurements. Re-running with the same output directory resumes the study.
-        """
-        from infertune_operator.api.manifest import load_deployment
-        from infertune_operator.api.to_request import to_request
-        from infertune_tuner.run import tune as run_tune
-        from infertune_tuner.run import write_report
+    Locally the default backend is the simulated GPU pool; `--backend triton` runs real
+    trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
+    recorded measurements. Re-running with the same output directory resumes the study.
+    """
+    from infertune_operator.api.manifest import load_deployment
+    from infertune_operator.api.to_request import to_request
+    from infertune_operator.cli_progress import TuneProgress
+    from infertune_tuner.report.view import build_view
+    from infertune_tuner.run import tune as run_tune
+    from infertune_tuner.run import write_report
 
-        obj = load_deployment(spec)
-        request = to_request(obj, default_backend=backend.split(":")[0])
-        overrides: dict[str, object] = {"backend": backend}
-        if seed is not None:
-            overrides["seed"] = seed
-        if max_trials is not None:
-            if max_trials < 1:
-                raise InputError("--max-trials must be at least 1")
-            overrides["max_trials"] = max_trials
-        if sampler is not None:
-            if sampler not in ("auto", "tpe", "random", "grid"):
-                raise InputError(f"--sampler must be auto, tpe, random or grid, not {sampler!r}")
-            overrides["sampler"] = sampler
-        request = request.model_copy(update={"tuning": request.tuning.model_copy(update=overrides)})
-        out_dir = out or Path("infertune-out") / request.name
+    obj = load_deployment(spec)
+    request = to_request(obj, default_backend=backend.split(":")[0])
+    overrides: dict[str, object] = {"backend": backend}
+    if seed is not None:
+        overrides["seed"] = seed
+    if max_trials is not None:
+        if max_trials < 1:
+            raise InputError("--max-trials must be at least 1")
+        overrides["max_trials"] = max_trials
+    if sampler is not None:
+        overrides["sampler"] = sampler
+    request = request.model_copy(update={"tuning": request.tuning.model_copy(update=overrides)})
+    out_dir = out or Path("infertune-out") / request.name
+    shown = TuneProgress(out_dir, bar=progress)
+    try:
         report = run_tune(
-            request, backend=backend, out_dir=out_dir, progress=progress,
-            server_command=server_command,
+            request, backend=backend, out_dir=out_dir, server_command=server_command,
+            on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
         )  # fmt: skip
-        paths = write_report(report, out_dir)
-        from infertune_tuner.report.view import build_view
+    except BaseException:
+        shown.finish(None)
+        raise
+    shown.finish(report.stopped_reason)
+    paths = write_report(report, out_dir)
+    typer.echo(build_view(report).verdict)
+    resumed = (
+        f", {report.resumed_trials} of them by an earlier run" if report.resumed_trials else ""
+    )
+    typer.echo(
+        f"{report.executed_trials} trials executed{resumed} ({report.stopped_reason}); "
+        f"report: {', '.join(str(p) for p in paths)}"
+    )
+    if report.best is None and report.stopped_reason.startswith("aborted"):
+        raise InputError(report.stopped_reason, exit_code=EXIT_TRIALS_FAILED)
+    if report.best is None:
+        for nm in report.nearest_misses:
+            typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")
+        raise typer.Exit(EXIT_NO_FEASIBLE)
 
-        typer.echo(build_view(report).verdict)
-        typer.echo(
-            f"{report.executed_trials} trials executed ({report.stopped_reason}); "
-            f"report: {', '.join(str(p) for p in paths)}"
+
+def predict(
+    model: Annotated[str, typer.Option(help="Catalog key, Hugging Face id, or config.json path.")],
+    gpu: Annotated[str, typer.Option(help="GPU catalog key (see `infertune gpus`).")],
+    tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
+    batch: Annotated[int, typer.Option(help="Max batch size (= concurrency).")] = 1,
+    quant: QuantOption = "bf16",
+    kv_dtype: KvDtypeOption = "auto",
+    isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 1024,
+    osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 256,
+    stack: Annotated[
+        str | None,
+        typer.Option(help="Serving stack to predict for (default: the one infertune deploys)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Predict memory fit, latency and throughput of one configuration (no GPU needed)."""
+    from infertune_tuner.catalog.gpus import get_gpu
+    from infertune_tuner.catalog.models import resolve_model
+    from infertune_tuner.config import TrialConfig, Workload
+    from infertune_tuner.metrics import LATENCY_METRICS
+    from infertune_tuner.perfmodel import predict as run_predict
+    from infertune_tuner.perfmodel.factors import DEFAULT_STACK, STACKS
+
+    arch, g = resolve_model(model), get_gpu(gpu)
+    stack = stack or DEFAULT_STACK
+    problems = []
+    if quant not in g.quantizations:
+        problems.append(
+            f"{g.key} ({g.architecture}) does not support {quant}; it supports "
+            f"{', '.join(sorted(g.quantizations))}"
         )
-        if report.best is None and report.stopped_reason.startswith("aborted"):
-            raise fail(report.stopped_reason, EXIT_TRIALS_FAILED)
-        if report.best is None:
-            for nm in report.nearest_misses:
-                typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")
-            raise typer.Exit(EXIT_NO_FEASIBLE)
+    if kv_dtype not in g.kv_dtypes:
+        problems.append(f"{g.key} has no FP8 KV cache")
+    if tp < 1 or not arch.valid_tp(tp):
+        problems.append(f"--tp {tp} must divide the model's {arch.heads} attention heads")
+    if batch < 1 or isl < 1 or osl < 1:
+        problems.append("--batch, --isl and --osl must be positive")
+    if stack not in STACKS:
+        problems.append(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
+    if problems:
+        raise InputError("cannot predict", problems)
+    cfg = TrialConfig(tp, batch, quant, kv_dtype)
+    p = run_predict(arch, g, cfg, Workload(isl, osl), stack=stack)
+    mem = p.memory
+    result = {
+        "model": arch.key, "gpu": g.key, "stack": stack, **cfg.as_dict(), "isl": isl,
+        "osl": osl, "max_context": arch.max_context,
+        "fits": mem.fits, "reason": mem.reason,
+        "weights_gib_per_gpu": round(mem.weights_gib_per_gpu, 3),
+        "activations_gib_per_gpu": round(mem.activations_gib_per_gpu, 3),
+        "reserve_gib_per_gpu": round(mem.reserve_gib_per_gpu, 3),
+        "usable_kv_gib_per_gpu": round(mem.usable_kv_gib_per_gpu, 3),
+        "kv_cache_gib_per_gpu": round(mem.kv_cache_gib_per_gpu, 3),
+        "kv_bytes_per_token_per_gpu": round(mem.kv_bytes_per_token_per_gpu, 1),
+        "max_concurrent_sequences": mem.max_concurrent_sequences,
+        **{m.key: round(m.of(p).p50, 3) for m in LATENCY_METRICS},
+        **{f"{m.key}_percentiles": m.of(p).as_dict() for m in LATENCY_METRICS},
+        "output_tokens_per_s": round(p.output_tokens_per_s, 3),
+        "output_tokens_per_s_per_gpu": round(p.output_tokens_per_s_per_gpu, 3),
+    }  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
 
-    @app.command()
-    @user_errors
-    def predict(
-        model: Annotated[
-            str, typer.Option(help="Catalog key, Hugging Face id, or config.json path.")
-        ],
-        gpu: Annotated[str, typer.Option(help="GPU catalog key (see `infertune gpus`).")],
-        tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
-        batch: Annotated[int, typer.Option(help="Max batch size (= concurrency).")] = 1,
-        quant: Annotated[
-            str, typer.Option(help="bf16 | fp16 | fp8 | w4a16_awq | w4a8_awq | nvfp4")
-        ] = "bf16",
-        kv_dtype: Annotated[str, typer.Option(help="auto | fp8")] = "auto",
-        isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 1024,
-        osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 256,
-        stack: Annotated[
-            str | None,
-            typer.Option(help="Serving stack to predict for (default: the one infertune deploys)."),
-        ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    ) -> None:
-        """Predict memory fit, latency and throughput of one configuration (no GPU needed)."""
-        from infertune_tuner.catalog.gpus import get_gpu
-        from infertune_tuner.catalog.models import resolve_model
-        from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
-        from infertune_tuner.config import TrialConfig, Workload
-        from infertune_tuner.perfmodel import predict as run_predict
-        from infertune_tuner.perfmodel.factors import DEFAULT_STACK, STACKS
-
-        arch, g = resolve_model(model), get_gpu(gpu)
-        stack = stack or DEFAULT_STACK
-        problems = []
-        if quant not in QUANTIZATIONS:
-            problems.append(f"unknown quantization {quant!r}; known: {', '.join(QUANTIZATIONS)}")
-        elif quant not in g.quantizations:
-            problems.append(
-                f"{g.key} ({g.architecture}) does not support {quant}; it supports "
-                f"{', '.join(sorted(g.quantizations))}"
+    t = Table(
+        title=f"{arch.key} on {g.key}: {cfg.label()}, {isl} in / {osl} out ({stack})",
+        show_header=False,
+    )
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    rows = [
+        ("fits", "yes" if mem.fits else f"NO: {mem.reason}"),
+        ("weights / GPU", f"{mem.weights_gib_per_gpu:.2f} GiB"),
+        ("activations / GPU", f"{mem.activations_gib_per_gpu:.2f} GiB"),
+        ("runtime reserve / GPU", f"{mem.reserve_gib_per_gpu:.2f} GiB"),
+        ("usable KV cache / GPU", f"{mem.usable_kv_gib_per_gpu:.2f} GiB"),
+        ("KV needed for the batch / GPU", f"{mem.kv_cache_gib_per_gpu:.2f} GiB"),
+        ("KV per token / GPU", f"{mem.kv_bytes_per_token_per_gpu / 1024:.1f} KiB"),
+        ("max concurrent sequences", str(mem.max_concurrent_sequences)),
+        *(
+            (
+                f"{m.label} p50 / p95 / p99",
+                " / ".join(m.format(v) for v in m.of(p).as_dict().values()) + f" {m.unit}",
             )
-        if kv_dtype not in KV_DTYPE_BYTES:
-            problems.append(f"unknown KV cache dtype {kv_dtype!r}; use auto or fp8")
-        elif kv_dtype not in g.kv_dtypes:
-            problems.append(f"{g.key} has no FP8 KV cache")
-        if tp < 1 or not arch.valid_tp(tp):
-            problems.append(f"--tp {tp} must divide the model's {arch.heads} attention heads")
-        if batch < 1 or isl < 1 or osl < 1:
-            problems.append("--batch, --isl and --osl must be positive")
-        if stack not in STACKS:
-            problems.append(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
-        if problems:
-            raise InputError("cannot predict", problems)
-        cfg = TrialConfig(tp, batch, quant, kv_dtype)
-        p = run_predict(arch, g, cfg, Workload(isl, osl), stack=stack)
-        mem = p.memory
-        result = {
-            "model": arch.key, "gpu": g.key, "stack": stack, **cfg.as_dict(), "isl": isl,
-            "osl": osl, "max_context": arch.max_context,
-            "fits": mem.fits, "reason": mem.reason,
-            "weights_gib_per_gpu": round(mem.weights_gib_per_gpu, 3),
-            "activations_gib_per_gpu": round(mem.activations_gib_per_gpu, 3),
-            "reserve_gib_per_gpu": round(mem.reserve_gib_per_gpu, 3),
-            "usable_kv_gib_per_gpu": round(mem.usable_kv_gib_per_gpu, 3),
-            "kv_cache_gib_per_gpu": round(mem.kv_cache_gib_per_gpu, 3),
-            "kv_bytes_per_token_per_gpu": round(mem.kv_bytes_per_token_per_gpu, 1),
-            "max_concurrent_sequences": mem.max_concurrent_sequences,
-            "ttft_ms": round(p.ttft_ms.p50, 3), "itl_ms": round(p.itl_ms.p50, 3),
-            "e2e_ms": round(p.e2e_ms.p50, 3),
-            "ttft_ms_percentiles": p.ttft_ms.as_dict(), "itl_ms_percentiles": p.itl_ms.as_dict(),
-            "e2e_ms_percentiles": p.e2e_ms.as_dict(),
-            "output_tokens_per_s": round(p.output_tokens_per_s, 3),
-            "output_tokens_per_s_per_gpu": round(p.output_tokens_per_s_per_gpu, 3),
-        }  # fmt: skip
-        if as_json:
-            typer.echo(json.dumps(result))
-            return
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(
-            title=f"{arch.key} on {g.key}: {cfg.label()}, {isl} in / {osl} out ({stack})",
-            show_header=False,
-        )
-        t.add_column(style="bold")
-        t.add_column(justify="right")
-        rows = [
-            ("fits", "yes" if mem.fits else f"NO: {mem.reason}"),
-            ("weights / GPU", f"{mem.weights_gib_per_gpu:.2f} GiB"),
-            ("activations / GPU", f"{mem.activations_gib_per_gpu:.2f} GiB"),
-            ("runtime reserve / GPU", f"{mem.reserve_gib_per_gpu:.2f} GiB"),
-            ("usable KV cache / GPU", f"{mem.usable_kv_gib_per_gpu:.2f} GiB"),
-            ("KV needed for the batch / GPU", f"{mem.kv_cache_gib_per_gpu:.2f} GiB"),
-            ("KV per token / GPU", f"{mem.kv_bytes_per_token_per_gpu / 1024:.1f} KiB"),
-            ("max concurrent sequences", str(mem.max_concurrent_sequences)),
-            (
-                "TTFT p50 / p95 / p99",
-                "{:.0f} / {:.0f} / {:.0f} ms".format(*p.ttft_ms.as_dict().values()),
-            ),
-            (
-                "ITL p50 / p95 / p99",
-                "{:.1f} / {:.1f} / {:.1f} ms".format(*p.itl_ms.as_dict().values()),
-            ),
-            (
-                "E2E p50 / p95 / p99",
-                "{:.0f} / {:.0f} / {:.0f} ms".format(*p.e2e_ms.as_dict().values()),
-            ),
-            ("output tok/s", f"{p.output_tokens_per_s:.0f}"),
-            ("output tok/s per GPU", f"{p.output_tokens_per_s_per_gpu:.0f}"),
-        ]
-        for k, v in rows:
-            t.add_row(k, v)
-        Console().print(t)
-
-    @app.command()
-    def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-        """List the GPU catalog."""
-        from infertune_tuner.catalog.gpus import GPUS
-
-        def tf(v: float | None) -> str:
-            return f"{v:.0f}" if v else "-"
-
-        _listing(
-            as_json,
-            [_public_fields(g) for g in GPUS.values()],
-            "GPU catalog (dense tensor TFLOPS)",
-            ["key", "arch", "GiB", "GB/s", "bf16", "fp8", "fp4", "link", "quantizations", "node label"],
-            [
-                [g.key, g.architecture, f"{g.memory_gib:.0f}", f"{g.hbm_bandwidth_gbs:.0f}",
-                 tf(g.bf16_tflops), tf(g.fp8_tflops), tf(g.fp4_tflops),
-                 f"{g.link} {g.link_bandwidth_gbs:.0f} GB/s", ", ".join(sorted(g.quantizations)),
-                 ", ".join(g.product_labels)]
-                for g in GPUS.values()
-            ],
-        )  # fmt: skip
-
-    @app.command()
-    def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-        """List the model catalog (Hugging Face ids map to these keys)."""
-        from infertune_tuner.catalog.models import MODELS
-
-        _listing(
-            as_json,
-            [
-                {**_public_fields(m), "params_b": round(m.params / 1e9, 2),
-                 "active_params_b": round(m.active_params / 1e9, 2)}
-                for m in MODELS.values()
-            ],
-            "Model catalog",
-            ["key", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "MoE", "Hugging Face ids"],
-            [
-                [m.key, f"{m.params / 1e9:.1f}B", str(m.layers), str(m.hidden_size),
-                 f"{m.heads}/{m.kv_heads}", str(m.ffn_size), str(m.vocab_size),
-                 f"{m.experts}x, {m.experts_active} active" if m.experts > 1 else "-",
-                 "\n".join(m.hf_ids)]
-                for m in MODELS.values()
-            ],
-        )  # fmt: skip
-
-    del tune, predict, gpus, models  # registered on the app
+            for m in LATENCY_METRICS
+        ),
+        ("output tok/s", f"{p.output_tokens_per_s:.0f}"),
+        ("output tok/s per GPU", f"{p.output_tokens_per_s_per_gpu:.0f}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    Console().print(t)
 
 
-__all__ = ["EXIT_NO_FEASIBLE", "EXIT_TRIALS_FAILED", "register"]
+def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the GPU catalog."""
+    from infertune_tuner.catalog.gpus import GPUS
+
+    def tf(v: float | None) -> str:
+        return f"{v:.0f}" if v else "-"
+
+    _listing(
+        as_json,
+        [_public_fields(g) for g in GPUS.values()],
+        "GPU catalog (dense tensor TFLOPS)",
+        ["key", "arch", "GiB", "GB/s", "bf16", "fp8", "fp4", "link", "quantizations", "node label"],
+        [
+            [g.key, g.architecture, f"{g.memory_gib:.0f}", f"{g.hbm_bandwidth_gbs:.0f}",
+             tf(g.bf16_tflops), tf(g.fp8_tflops), tf(g.fp4_tflops),
+             f"{g.link} {g.link_bandwidth_gbs:.0f} GB/s", ", ".join(sorted(g.quantizations)),
+             ", ".join(g.product_labels)]
+            for g in GPUS.values()
+        ],
+    )  # fmt: skip
+
+
+def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the model catalog (Hugging Face ids map to these keys)."""
+    from infertune_tuner.catalog.models import MODELS
+
+    _listing(
+        as_json,
+        [
+            {**_public_fields(m), "params_b": round(m.params / 1e9, 2),
+             "active_params_b": round(m.active_params / 1e9, 2)}
+            for m in MODELS.values()
+        ],
+        "Model catalog",
+        ["key", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "MoE", "Hugging Face ids"],
+        [
+            [m.key, f"{m.params / 1e9:.1f}B", str(m.layers), str(m.hidden_size),
+             f"{m.heads}/{m.kv_heads}", str(m.ffn_size), str(m.vocab_size),
+             f"{m.experts}x, {m.experts_active} active" if m.experts > 1 else "-",
+             "\n".join(m.hf_ids)]
+            for m in MODELS.values()
+        ],
+    )  # fmt: skip

@@ -43,7 +43,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-Body = dict[str, Any]
+from infertune_operator.naming import Body
 
 MERGE_PATCH = "application/merge-patch+json"
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

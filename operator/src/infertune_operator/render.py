@@ -20,6 +20,19 @@ import shlex
 from typing import Any
 
 from infertune_operator.api.models import InferenceDeployment
+from infertune_operator.naming import (
+    ANNOTATION_CONFIG,
+    ANNOTATION_REPO_HASH,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    GRPC_PORT,
+    HTTP_PORT,
+    METRICS_PORT,
+    PORTS,
+    model_repo_configmap_name,
+    serving_labels,
+    serving_selector,
+)
 from infertune_operator.settings import Settings
 from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.catalog.models import MODELS, get_model
@@ -40,11 +53,6 @@ from infertune_tuner.harness.triton_repo import (
     split_pvc,
 )
 
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-CONFIG_ANNOTATION = "infertune.io/config"
-REPO_HASH_ANNOTATION = "infertune.io/model-repo-hash"
 REPO_CONFIG_DIR = "/etc/infertune/model-repo"  # the ConfigMap
 REPO_DIR = "/model-repo"  # the assembled model repository (emptyDir)
 SHM_LIMIT_GPU = "16Gi"
@@ -53,21 +61,8 @@ STARTUP_FAILURES = 180  # x 10 s: loading (and downloading) a large model takes 
 SIM_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
 
 
-def labels_for(name: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "infertune-serving",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": "infertune",
-        "infertune.io/deployment": name,
-    }
-
-
-def selector_for(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "infertune-serving", "app.kubernetes.io/instance": name}
-
-
 def _metadata(obj: InferenceDeployment, name: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": labels_for(obj.metadata.name)}
+    meta: dict[str, Any] = {"name": name, "labels": serving_labels(obj.metadata.name)}
     if obj.metadata.namespace:
         meta["namespace"] = obj.metadata.namespace
     return meta
@@ -107,11 +102,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _ports() -> list[dict[str, Any]]:
-    return [
-        {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-        {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
-    ]
+    return [{"name": n, "containerPort": port, "protocol": "TCP"} for n, port in PORTS.items()]
 
 
 def _resources(
@@ -221,13 +212,24 @@ def render_serving(
     *,
     simulated: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment and Service serving `config` (simulated: default from
-    spec.tuning.backend == "simulated"). Raises InputError when the config cannot be served
-    (unknown GPU; a quantization without a pre-quantized checkpoint on real GPUs)."""
+    """ConfigMap, Deployment and Service serving ``config``.
+
+    Args:
+        obj: The InferenceDeployment.
+        config: The configuration to serve.
+        settings: Images, model storage, and the default backend.
+        simulated: Whether the resolved backend is ``simulated`` (the simulated server on the
+            operator image, no GPU). None resolves it as the operator does:
+            ``settings.backend_for(obj)`` (spec.tuning.backend, else the operator's default).
+
+    Returns:
+        The objects in apply order. Raises InputError when the configuration cannot be served
+        (unknown GPU; a quantization without a pre-quantized checkpoint on real GPUs).
+    """
     name = obj.metadata.name
     spec = obj.spec
     if simulated is None:
-        simulated = spec.tuning.backend == "simulated"
+        simulated = settings.simulated(obj)
     get_gpu(spec.gpu.product)  # an unknown GPU is an InputError, simulated or not
     if simulated and spec.model.architecture is None:
         get_model(spec.model.name)  # the simulated server must know the model's shape
@@ -244,7 +246,7 @@ def render_serving(
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(obj, f"{name}-model-repo"),
+        "metadata": _metadata(obj, model_repo_configmap_name(name)),
         "data": files,
     }
 
@@ -252,7 +254,7 @@ def render_serving(
         {"name": "dshm", "emptyDir": {
             "medium": "Memory", "sizeLimit": SHM_LIMIT_SIMULATED if simulated else SHM_LIMIT_GPU,
         }},
-        {"name": "model-repo-config", "configMap": {"name": f"{name}-model-repo"}},
+        {"name": "model-repo-config", "configMap": {"name": model_repo_configmap_name(name)}},
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -289,23 +291,23 @@ def render_serving(
     container["readinessProbe"] = _probe("/v2/health/ready", 10, 3)
     container["livenessProbe"] = _probe("/v2/health/live", 15, 4)
 
-    annotations = {CONFIG_ANNOTATION: config.label(), REPO_HASH_ANNOTATION: repo_hash}
+    annotations = {ANNOTATION_CONFIG: config.label(), ANNOTATION_REPO_HASH: repo_hash}
     deployment_meta = _metadata(obj, name)
-    deployment_meta["annotations"] = {CONFIG_ANNOTATION: config.label()}
+    deployment_meta["annotations"] = {ANNOTATION_CONFIG: config.label()}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": deployment_meta,
         "spec": {
             "replicas": spec.serving.replicas,
-            "selector": {"matchLabels": selector_for(name)},
+            "selector": {"matchLabels": serving_selector(name)},
             # GPUs are scarce: replace pods in place rather than wait for a surge pod's GPUs.
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
             },
             "template": {
-                "metadata": {"labels": labels_for(name), "annotations": annotations},
+                "metadata": {"labels": serving_labels(name), "annotations": annotations},
                 "spec": {
                     **pod,
                     "terminationGracePeriodSeconds": 60,
@@ -321,7 +323,7 @@ def render_serving(
         "metadata": _metadata(obj, name),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_for(name),
+            "selector": serving_selector(name),
             "ports": [
                 {
                     "name": p["name"],

@@ -12,14 +12,20 @@
 | INFERTUNE_TUNER_CLUSTERROLE       | infertune-tuner (bound in each namespace it tunes in)     |
 | INFERTUNE_JOB_BACKOFF_LIMIT       | 2 (tuner pod retries before the Job fails)               |
 | INFERTUNE_MODEL_STORAGE_PVC       | unset (PVC mounted at /models in serving pods)           |
+
+The tuning defaults themselves (40 trials, the triton backend) live in
+``infertune_tuner.defaults``; these variables override them for one operator.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import get_args
 
 from infertune_operator import __version__
+from infertune_operator.api.models import Backend, InferenceDeployment
+from infertune_tuner import defaults
 
 DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 
@@ -34,22 +40,22 @@ class Settings:
     operator_image: str = f"infertune/operator:{__version__}"
     tuner_image: str = f"infertune/tuner:{__version__}"
     triton_image: str = DEFAULT_TRITON_IMAGE
-    default_backend: str = "triton"
-    default_max_trials: int = 40
+    default_backend: str = defaults.CLUSTER_BACKEND
+    default_max_trials: int = defaults.MAX_TRIALS
     tuner_storage: str | None = None
     tuner_service_account: str = "infertune-tuner"
     tuner_clusterrole: str = "infertune-tuner"
     job_backoff_limit: int = 2
     model_storage_pvc: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls) -> Settings:
         d = cls()
         backend = _env("INFERTUNE_DEFAULT_BACKEND", d.default_backend)
-        if backend not in ("triton", "simulated"):
+        if backend not in get_args(Backend):
             raise ValueError(
-                f"INFERTUNE_DEFAULT_BACKEND must be triton or simulated, not {backend!r}"
+                f"INFERTUNE_DEFAULT_BACKEND must be {' or '.join(get_args(Backend))}, "
+                f"not {backend!r}"
             )
         return cls(
             operator_image=_env("INFERTUNE_OPERATOR_IMAGE", d.operator_image),
@@ -63,3 +69,11 @@ class Settings:
             job_backoff_limit=int(_env("INFERTUNE_JOB_BACKOFF_LIMIT", str(d.job_backoff_limit))),
             model_storage_pvc=os.environ.get("INFERTUNE_MODEL_STORAGE_PVC") or None,
         )
+
+    def backend_for(self, obj: InferenceDeployment) -> str:
+        """The backend a deployment tunes (and serves) on: its spec.tuning.backend, else this
+        operator's default. `infertune render` and the operator both resolve it here."""
+        return obj.spec.tuning.effective_backend(self.default_backend)
+
+    def simulated(self, obj: InferenceDeployment) -> bool:
+        return self.backend_for(obj) == "simulated"

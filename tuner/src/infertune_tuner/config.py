@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 CONFIG_KEYS = ("tp", "max_batch_size", "quantization", "kv_cache_dtype")
+
+# The values of the two precision dimensions (the catalog's QUANTIZATIONS and KV_DTYPE_BYTES
+# describe each; the API's enums and the CLI's choices come from these).
+Quantization = Literal["bf16", "fp16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4"]
+KvCacheDtype = Literal["auto", "fp8"]
+QUANTIZATION_VALUES: tuple[str, ...] = get_args(Quantization)
+KV_CACHE_DTYPE_VALUES: tuple[str, ...] = get_args(KvCacheDtype)
 
 
 @dataclass(frozen=True, slots=True, order=True)

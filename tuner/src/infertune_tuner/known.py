@@ -26,6 +26,7 @@ from infertune_tuner import slo
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
+from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
@@ -33,8 +34,8 @@ from infertune_tuner.result import SloCheck
 DOMINANCE_MARGIN = 0.10
 
 
-def _worse(ps: list[Percentiles], pick: type[max] | type[min] = max) -> Percentiles:  # type: ignore[valid-type]
-    return Percentiles(pick(p.p50 for p in ps), pick(p.p95 for p in ps), pick(p.p99 for p in ps))
+def _worse(ps: list[Percentiles]) -> Percentiles:
+    return Percentiles(max(p.p50 for p in ps), max(p.p95 for p in ps), max(p.p99 for p in ps))
 
 
 def combine(runs: list[Measurement]) -> tuple[Measurement, Measurement]:
@@ -50,9 +51,9 @@ def combine(runs: list[Measurement]) -> tuple[Measurement, Measurement]:
         m = failed[-1] if failed else runs[-1]
         return m, m
     lat = {
-        name: _worse([getattr(m, name) for m in ok])
-        for name in ("ttft_ms", "itl_ms", "e2e_ms")
-        if all(getattr(m, name) is not None for m in ok)
+        x.key: _worse([p for m in ok if (p := m.percentiles(x.key)) is not None])
+        for x in LATENCY_METRICS
+        if all(m.percentiles(x.key) is not None for m in ok)
     }
     tps = [m.output_tokens_per_s_per_gpu or 0.0 for m in ok]
     seen = [m.concurrency for m in ok if m.concurrency is not None]
@@ -142,7 +143,7 @@ def twin(c: TrialConfig) -> tuple[object, ...]:
 def _clear_miss(ch: SloCheck) -> bool:
     if ch.ok:
         return False
-    if ch.metric == "output_tokens_per_s_per_gpu":
+    if ch.metric == OBJECTIVE.key:
         return ch.value_ms < ch.limit_ms * (1 - DOMINANCE_MARGIN)
     return ch.value_ms > ch.limit_ms * (1 + DOMINANCE_MARGIN)
 
@@ -168,7 +169,7 @@ def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
         for ch in known.checks.get(other, []):
             if not _clear_miss(ch):
                 continue
-            if ch.metric == "output_tokens_per_s_per_gpu":
+            if ch.metric == OBJECTIVE.key:
                 if cfg.max_batch_size < other.max_batch_size:
                     return f"smaller batch than {other.label()}, which missed {ch.bound}"
             elif cfg.max_batch_size > other.max_batch_size:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.latency import Percentiles
 
 TrialStatus = Literal["ok", "oom", "error"]
@@ -29,8 +30,14 @@ def trial_requests(max_batch_size: int, percentiles: Iterable[str] = ()) -> int:
     return min(need, MAX_REQUESTS_PER_TRIAL)
 
 
+# The phases of a real trial, in order (progress reports; a simulated trial has none).
+TrialPhase = Literal["starting server", "loading model", "warm-up", "measuring"]
+
+
 @dataclass(frozen=True)
 class Measurement:
+    """One trial's outcome; an ``ok`` one has every metric of ``metrics.LATENCY_METRICS``."""
+
     status: TrialStatus
     ttft_ms: Percentiles | None = None
     itl_ms: Percentiles | None = None
@@ -56,6 +63,29 @@ class Measurement:
     def failed(cls, status: TrialStatus, reason: str) -> Measurement:
         return cls(status=status, reason=reason)
 
+    @classmethod
+    def ok(
+        cls,
+        latency: Mapping[str, Percentiles | None],
+        *,
+        output_tokens_per_s_per_gpu: float,
+        requests: int = 0,
+        errors: int = 0,
+        reason: str | None = None,
+        duration_s: float = 0.0,
+        concurrency: float | None = None,
+    ) -> Measurement:
+        """A successful trial from each registered latency metric's percentiles (by key)."""
+        for key in latency:
+            latency_metric(key)  # ValueError for a metric the registry does not know
+        fields: dict[str, Any] = dict(latency)
+        return cls(
+            status="ok", **fields, output_tokens_per_s_per_gpu=output_tokens_per_s_per_gpu,
+            requests=requests, errors=errors, reason=reason, duration_s=duration_s,
+            concurrency=concurrency,
+        )  # fmt: skip
+
     def percentiles(self, metric: str) -> Percentiles | None:
-        value = getattr(self, metric)
+        """The measured distribution of a registered latency metric (by key)."""
+        value = latency_metric(metric).of(self)
         return value if isinstance(value, Percentiles) else None

@@ -37,10 +37,11 @@ import numpy as np
 
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.metrics import E2E, ITL, TTFT
 
 SIGMA_GLOBAL = 0.35
 SIGMA_LOCAL = 0.2  # throughput's shape error; see local_sigma for the other quantities
-_SHAPE = {"tps": 1.0, "e2e_ms": 1.1, "itl_ms": 1.25, "ttft_ms": 2.0}
+_SHAPE = {"tps": 1.0, E2E.key: 1.1, ITL.key: 1.25, TTFT.key: 2.0}
 _TAIL = {"p50": 1.0, "p95": 1.1, "p99": 1.25}
 # Run-to-run noise (log scale) of one measurement of each kind of quantity.
 NOISE = {"tps": 0.03, "p50": 0.04, "p95": 0.06, "p99": 0.09}

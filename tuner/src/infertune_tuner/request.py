@@ -8,31 +8,37 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
+from infertune_tuner import defaults
 from infertune_tuner.catalog.gpus import Gpu, get_gpu
 from infertune_tuner.catalog.models import ModelArch, get_model
 from infertune_tuner.config import Workload
+from infertune_tuner.metrics import Percentile, latency_metric
+from infertune_tuner.schema import Record
 
-Metric = Literal["ttft_ms", "itl_ms", "e2e_ms"]
-PercentileName = Literal["p50", "p95", "p99"]
-METRIC_LABELS = {"ttft_ms": "TTFT", "itl_ms": "ITL", "e2e_ms": "E2E"}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+Sampler = Literal["auto", "tpe", "random", "grid"]
 
 
-class SloBound(_Model):
-    metric: Metric
-    percentile: PercentileName
+def _registered(key: str) -> str:
+    latency_metric(key)  # ValueError for a metric the registry does not know
+    return key
+
+
+class SloBound(Record):
+    """An upper bound on one percentile of one latency metric (``metrics.LATENCY_METRICS``)."""
+
+    metric: Annotated[str, AfterValidator(_registered)]
+    percentile: Percentile
     max_ms: Annotated[float, Field(gt=0)]
 
     def label(self) -> str:
-        return f"{METRIC_LABELS[self.metric]} {self.percentile} <= {self.max_ms:g} ms"
+        return f"{latency_metric(self.metric).label} {self.percentile} <= {self.max_ms:g} ms"
 
 
-class Architecture(_Model):
+class ModelShape(Record):
+    """The transformer shape of a model the catalog does not know (or corrects)."""
+
     layers: int
     hidden_size: int
     heads: int
@@ -43,61 +49,61 @@ class Architecture(_Model):
     experts_active: int = 1
 
 
-class ModelRef(_Model):
+class ModelRef(Record):
     name: str
     uri: str | None = None
     checkpoints: dict[str, str] = Field(default_factory=dict)
-    architecture: Architecture | None = None
+    architecture: ModelShape | None = None
 
 
-class GpuRef(_Model):
+class GpuRef(Record):
     product: str
-    max_gpus_per_replica: int = 8
+    max_gpus_per_replica: int = defaults.MAX_GPUS_PER_REPLICA
 
 
-class WorkloadSpec(_Model):
+class WorkloadShape(Record):
+    """Request lengths in tokens (the model and the simulated pool use the means)."""
+
     input_tokens: Annotated[int, Field(ge=1)]
     output_tokens: Annotated[int, Field(ge=1)]
     input_tokens_stddev: int | None = None
     output_tokens_stddev: int | None = None
 
 
-class SearchSpace(_Model):
-    tensor_parallel: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
-    max_batch_size: list[int] = Field(default_factory=lambda: [1, 4, 8, 16, 32, 64, 128, 256])
-    quantization: list[str] = Field(
-        default_factory=lambda: ["bf16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4"]
-    )
-    kv_cache_dtype: list[str] = Field(default_factory=lambda: ["auto", "fp8"])
-    max_accuracy_loss_percent: float = 1.0
+class SearchValues(Record):
+    """The values each dimension may take, as the user listed them (``space.SearchSpace`` is
+    what remains once the GPU, the accuracy allowance and the model have had their say)."""
+
+    tensor_parallel: list[int] = Field(default_factory=lambda: list(defaults.TENSOR_PARALLEL))
+    max_batch_size: list[int] = Field(default_factory=lambda: list(defaults.MAX_BATCH_SIZE))
+    quantization: list[str] = Field(default_factory=lambda: list(defaults.QUANTIZATION))
+    kv_cache_dtype: list[str] = Field(default_factory=lambda: list(defaults.KV_CACHE_DTYPE))
+    max_accuracy_loss_percent: float = defaults.MAX_ACCURACY_LOSS_PERCENT
 
 
-Sampler = Literal["auto", "tpe", "random", "grid"]
-
-
-class TuningOptions(_Model):
-    max_trials: Annotated[int, Field(ge=1)] = 40
+class TuningOptions(Record):
+    max_trials: Annotated[int, Field(ge=1)] = defaults.MAX_TRIALS
     seed: int | None = None
-    sampler: Sampler = "auto"
-    backend: str = "simulated"
-    parallelism: Annotated[int, Field(ge=1)] = 1
+    sampler: Sampler = defaults.SAMPLER
+    backend: str = defaults.LOCAL_BACKEND
+    parallelism: Annotated[int, Field(ge=1)] = defaults.PARALLELISM
     timeout_minutes: int | None = None
     storage: str | None = None
 
 
-class TuningRequest(_Model):
+class TuningRequest(Record):
     schema_: Literal["infertune.request/v1"] = Field(default="infertune.request/v1", alias="schema")
     name: str
     namespace: str | None = None
     model: ModelRef
     gpu: GpuRef
-    workload: WorkloadSpec
+    workload: WorkloadShape
     slo: list[SloBound] = Field(min_length=1)
     min_output_tokens_per_s_per_gpu: float | None = None
-    search: SearchSpace = Field(default_factory=SearchSpace)
+    search: SearchValues = Field(default_factory=SearchValues)
     tuning: TuningOptions = Field(default_factory=TuningOptions)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     def resolve_model(self) -> ModelArch:
         if self.model.architecture is not None:

@@ -8,22 +8,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.metrics import LATENCY_METRICS, latency_metric
 from infertune_tuner.perfmodel.factors import DEFAULT_STACK
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.request import TuningRequest
+from infertune_tuner.schema import Record, with_fields
 
 REPORT_SCHEMA = "infertune.report/v1"
 TrialState = Literal["complete", "infeasible_predicted", "oom", "failed"]
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ConfigOut(_M):
+class ConfigOut(Record):
     tp: int
     max_batch_size: int
     quantization: str
@@ -40,7 +38,7 @@ class ConfigOut(_M):
         return self.to_config().label()
 
 
-class PercentilesOut(_M):
+class PercentilesOut(Record):
     p50: float
     p95: float
     p99: float
@@ -53,15 +51,24 @@ class PercentilesOut(_M):
         return float(getattr(self, name))
 
 
-class Metrics(_M):
-    ttft_ms: PercentilesOut
-    itl_ms: PercentilesOut
-    e2e_ms: PercentilesOut
+@with_fields({m.key: (PercentilesOut, ...) for m in LATENCY_METRICS})
+class Metrics(Record):
+    """Measured (or predicted) metrics of one configuration: one PercentilesOut field per
+    latency metric of the registry (``ttft_ms``, ``itl_ms``, ``e2e_ms``) and the objective."""
+
     output_tokens_per_s_per_gpu: float
 
+    @classmethod
+    def latency_fields(cls, source: object) -> dict[str, PercentilesOut]:
+        """Each registered metric's Percentiles on ``source`` (a Measurement, a Prediction)."""
+        return {m.key: PercentilesOut.of(m.of(source)) for m in LATENCY_METRICS}
+
+    def percentiles(self, metric: str) -> PercentilesOut:
+        value: PercentilesOut = latency_metric(metric).of(self)
+        return value
+
     def latency(self, metric: str, percentile: str) -> float:
-        value: PercentilesOut = getattr(self, metric)
-        return value.get(percentile)
+        return self.percentiles(metric).get(percentile)
 
 
 class Predicted(Metrics):
@@ -79,14 +86,12 @@ class Predicted(Metrics):
             weights_gib_per_gpu=round(p.memory.weights_gib_per_gpu, 3),
             kv_cache_gib_per_gpu=round(p.memory.kv_cache_gib_per_gpu, 3),
             max_concurrent_sequences=p.memory.max_concurrent_sequences,
-            ttft_ms=PercentilesOut.of(p.ttft_ms),
-            itl_ms=PercentilesOut.of(p.itl_ms),
-            e2e_ms=PercentilesOut.of(p.e2e_ms),
+            **cls.latency_fields(p),
             output_tokens_per_s_per_gpu=round(p.output_tokens_per_s_per_gpu, 3),
         )
 
 
-class SloCheck(_M):
+class SloCheck(Record):
     """One SLO bound checked against a trial's measurement."""
 
     bound: str  # "E2E p95 <= 25600 ms"
@@ -97,7 +102,7 @@ class SloCheck(_M):
     ok: bool
 
 
-class Trial(_M):
+class Trial(Record):
     number: int
     config: ConfigOut
     state: TrialState
@@ -111,7 +116,7 @@ class Trial(_M):
     purpose: str | None = None  # explore | probe | confirm (a re-measurement of a finalist)
 
 
-class Best(_M):
+class Best(Record):
     """The chosen configuration. With repeats, `metrics` holds the mean tok/s/GPU and the worse
     repeat of every latency percentile (what the SLO was checked against)."""
 
@@ -126,13 +131,13 @@ class Best(_M):
 UntriedKind = Literal["memory", "neighbour", "twin", "fit", "slo", "posterior", "stopped"]
 
 
-class UntriedConfig(_M):
+class UntriedConfig(Record):
     config: str  # label, e.g. tp8/bs64/fp8/kv-auto
     detail: str | None = None
     p_beat: float | None = None  # posterior P(fits, meets the SLO and beats the best by > 2 %)
 
 
-class UntriedGroup(_M):
+class UntriedGroup(Record):
     """Configurations of the space that were never measured, grouped by why."""
 
     kind: UntriedKind
@@ -143,7 +148,7 @@ class UntriedGroup(_M):
     configs: list[UntriedConfig] = Field(default_factory=list)
 
 
-class Excluded(_M):
+class Excluded(Record):
     """A value of the search space left out before any prediction (GPU lacks it, accuracy...)."""
 
     field: str
@@ -151,14 +156,14 @@ class Excluded(_M):
     reason: str
 
 
-class NearMiss(_M):
+class NearMiss(Record):
     trial: int
     config: ConfigOut
     output_tokens_per_s_per_gpu: float
     violations: list[str]
 
 
-class Report(_M):
+class Report(Record):
     schema_: Literal["infertune.report/v1"] = Field(default="infertune.report/v1", alias="schema")
     request: dict[str, Any]
     backend: str
@@ -171,6 +176,7 @@ class Report(_M):
     trials: list[Trial]
     best: Best | None
     executed_trials: int
+    resumed_trials: int = 0  # of the executed ones, how many an earlier run left in the study
     nearest_misses: list[NearMiss] = Field(default_factory=list)
     stopped_reason: str
     # Posterior probability that no untried configuration beats the best by more than 2 %.
@@ -180,7 +186,7 @@ class Report(_M):
     generated_at: str
     infertune_version: str
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

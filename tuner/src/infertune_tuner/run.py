@@ -1,6 +1,8 @@
 """Tune: request -> search space -> memory pruning -> Optuna search -> report.
 
-`tune()` is what both `infertune tune` (locally) and the operator's tuner Job call.
+`tune()` is what both `infertune tune` (locally) and the operator's tuner Job call. It prints
+nothing: whoever runs it watches through its hooks (`on_start`, `on_phase`, `on_trial`; the
+CLI's progress bar is one).
 """
 
 from __future__ import annotations
@@ -8,27 +10,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import optuna
 
-from infertune_tuner import __version__, slo
+from infertune_tuner import __version__, defaults, slo
 from infertune_tuner.backends import make_backend
-from infertune_tuner.backends.base import BenchmarkBackend
+from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.known import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.memory_fit import ruled_out
+from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction, predict
-from infertune_tuner.request import METRIC_LABELS, TuningRequest
+from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import (
     Best,
     ConfigOut,
     Excluded,
     Metrics,
     NearMiss,
-    PercentilesOut,
     Predicted,
     Report,
     SloCheck,
@@ -47,7 +50,16 @@ from infertune_tuner.strategy import Planner
 from infertune_tuner.untried import untried_groups
 
 log = logging.getLogger(__name__)
-ProgressHook = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
+OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
+
+
+@dataclass(frozen=True)
+class StudyStart:
+    """What `on_start` learns before the first trial: the study and what it already holds."""
+
+    study: str
+    resumed_trials: int  # executed trials an earlier run left in the study (it resumes them)
+    max_trials: int
 
 
 def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialConfig, Prediction]:
@@ -56,12 +68,10 @@ def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialC
 
 
 def _metrics(m: Measurement) -> Metrics | None:
-    if m.status != "ok" or not (m.ttft_ms and m.itl_ms and m.e2e_ms):
+    if m.status != "ok" or not all(m.percentiles(x.key) for x in LATENCY_METRICS):
         return None
     return Metrics(
-        ttft_ms=PercentilesOut.of(m.ttft_ms),
-        itl_ms=PercentilesOut.of(m.itl_ms),
-        e2e_ms=PercentilesOut.of(m.e2e_ms),
+        **Metrics.latency_fields(m),
         output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
     )
 
@@ -80,11 +90,11 @@ def _noise(runs: list[Measurement], request: TuningRequest) -> dict[str, float]:
         mean = sum(xs) / len(xs)
         return round((max(xs) - min(xs)) / mean, 4) if mean else 0.0
 
-    out = {"tok/s/GPU": spread([m.output_tokens_per_s_per_gpu or 0.0 for m in ok])}
+    out = {OBJECTIVE.label: spread([OBJECTIVE.of(m) or 0.0 for m in ok])}
     for b in request.slo:
         vals = [p.get(b.percentile) for m in ok if (p := m.percentiles(b.metric))]
         if len(vals) == len(ok):
-            out[f"{METRIC_LABELS[b.metric]} {b.percentile}"] = spread(vals)
+            out[f"{latency_metric(b.metric).label} {b.percentile}"] = spread(vals)
     return out
 
 
@@ -105,7 +115,10 @@ def build_report(
     known = known_from(request, study, run)
     known.in_flight.clear()
     trials: list[Trial] = []
+    resumed = 0  # trials an earlier run of the same study executed
     for e in executed:
+        if run is not None and e.run != run:
+            resumed += 1
         p = priors.get(e.config)
         trials.append(
             Trial(
@@ -128,6 +141,7 @@ def build_report(
         if cfg in known.measured:
             continue
         p = priors[cfg]
+        reason: str | None
         if ruled_out(planner.margin[cfg]):
             reason = p.memory.reason or "does not fit in GPU memory"
         else:
@@ -185,6 +199,7 @@ def build_report(
         trials=trials,
         best=best,
         executed_trials=len(executed),
+        resumed_trials=resumed,
         nearest_misses=misses,
         stopped_reason=stopped_reason,
         confidence=round(assessment.confidence, 4),
@@ -198,19 +213,37 @@ def build_report(
 def tune(
     request: TuningRequest,
     *,
-    backend: str | BenchmarkBackend = "simulated",
+    backend: str | BenchmarkBackend = defaults.LOCAL_BACKEND,
     out_dir: Path,
-    progress: bool = False,
     server_command: str | None = None,
     backend_factory: Callable[[int], BenchmarkBackend] | None = None,
-    on_trial: ProgressHook | None = None,
+    on_start: Callable[[StudyStart], None] | None = None,
+    on_phase: OnPhase | None = None,
+    on_trial: OnTrial | None = None,
 ) -> Report:
-    """Run (or resume) the study for `request` and return the report (not yet written)."""
+    """Run (or resume) the study for `request` and return the report (not yet written).
+
+    Args:
+        request: What to tune.
+        backend: A backend name (``simulated``, ``replay:PATH``, ``triton`` ...) or an instance.
+        out_dir: Where the study journal (and the triton backend's trial folders) live; a
+            re-run with the same folder resumes the study.
+        server_command: The triton backend's server command template (tests, simserver).
+        backend_factory: Builds the backend of worker ``i`` (overrides ``backend``).
+        on_start: Called once the study is open, before the first trial.
+        on_phase: Called as a long trial moves on (starting server, loading model, warm-up,
+            measuring).
+        on_trial: Called after every executed trial with what is known so far.
+
+    Returns:
+        The report: every trial, the best feasible configuration (or the nearest misses) and
+        why the search stopped.
+    """
     started = time.monotonic()
     model, gpu = request.resolve_model(), request.resolve_gpu()
     space = build_space(request, model, gpu)
     priors = prior_predictions(request, space)
-    seed = request.tuning.seed if request.tuning.seed is not None else 0
+    seed = request.tuning.seed if request.tuning.seed is not None else defaults.SEED
     backend_name = backend if isinstance(backend, str) else backend.name
 
     workers = request.tuning.parallelism
@@ -221,7 +254,7 @@ def tune(
             def backend_factory(i: int) -> BenchmarkBackend:
                 return make_backend(
                     spec, request, seed=seed, server_command=server_command,
-                    workdir=out_dir / f"worker-{i}",
+                    workdir=out_dir / f"worker-{i}", on_phase=on_phase,
                 )  # fmt: skip
         else:
             instance = backend
@@ -249,26 +282,11 @@ def tune(
     search = Search(request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline)
     if workers == 1 and not request.tuning.storage:
         search.recover_interrupted()
-
-    bar = (
-        _ProgressBar(request.tuning.max_trials, executed=len(executed_trials(study)))
-        if progress
-        else None
-    )
-    if bar is not None:
-        user_hook = on_trial
-
-        def hook(cfg: TrialConfig, m: Measurement, checks: list[SloCheck], known: Known) -> None:
-            bar.advance(cfg, m, checks, known)
-            if user_hook:
-                user_hook(cfg, m, checks, known)
-
-        search.on_trial = hook
+    if on_start is not None:
+        on_start(StudyStart(study.study_name, len(executed_trials(study)), search.max_trials))
     try:
         outcome = search.run(backends)
     finally:
-        if bar is not None:
-            bar.close()
         for b in backends:
             b.close()
     return build_report(
@@ -276,42 +294,6 @@ def tune(
         stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
         run=search.run_id, planner=search.planner,
     )  # fmt: skip
-
-
-class _ProgressBar:
-    """A rich progress bar on stderr: executed trials out of the budget, best so far."""
-
-    def __init__(self, total: int, executed: int) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self._progress = Progress(
-            TextColumn("[bold]tuning"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.description}"),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task("", total=total, completed=executed)
-
-    def advance(
-        self, cfg: TrialConfig, m: Measurement, checks: list[SloCheck], known: Known
-    ) -> None:
-        best = known.best_tps()
-        verdict = (
-            m.status
-            if m.status != "ok"
-            else ("SLO ok" if all(c.ok for c in checks) else "SLO miss")
-        )
-        desc = f"{cfg.label()}: {verdict}"
-        if best:
-            desc += f" | best {best:.0f} tok/s/GPU"
-        self._progress.update(self._task, advance=1, description=desc)
-
-    def close(self) -> None:
-        self._progress.stop()
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:

@@ -38,6 +38,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.known import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.memory_fit import ruled_out
+from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
@@ -106,9 +107,7 @@ def measurement_to_attr(m: Measurement) -> dict[str, Any]:
 
     return {
         "status": m.status,
-        "ttft_ms": pct(m.ttft_ms),
-        "itl_ms": pct(m.itl_ms),
-        "e2e_ms": pct(m.e2e_ms),
+        **{x.key: pct(m.percentiles(x.key)) for x in LATENCY_METRICS},
         "output_tokens_per_s_per_gpu": m.output_tokens_per_s_per_gpu,
         "requests": m.requests,
         "errors": m.errors,
@@ -124,9 +123,7 @@ def measurement_from_attr(d: dict[str, Any]) -> Measurement:
 
     return Measurement(
         status=d["status"],
-        ttft_ms=pct(d.get("ttft_ms")),
-        itl_ms=pct(d.get("itl_ms")),
-        e2e_ms=pct(d.get("e2e_ms")),
+        **{x.key: pct(d.get(x.key)) for x in LATENCY_METRICS},
         output_tokens_per_s_per_gpu=d.get("output_tokens_per_s_per_gpu"),
         requests=d.get("requests", 0),
         errors=d.get("errors", 0),

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.request import METRIC_LABELS, TuningRequest
+from infertune_tuner.metrics import OBJECTIVE, latency_metric
+from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
 
 
@@ -25,7 +26,7 @@ def check(request: TuningRequest, m: Measurement) -> list[SloCheck]:
     if request.min_output_tokens_per_s_per_gpu is not None:
         floor = request.min_output_tokens_per_s_per_gpu
         out.append(SloCheck(
-            bound=f"tok/s/GPU >= {floor:g}", metric="output_tokens_per_s_per_gpu",
+            bound=f"{OBJECTIVE.label} >= {floor:g}", metric=OBJECTIVE.key,
             percentile="mean", limit_ms=floor, value_ms=round(tps_per_gpu, 3),
             ok=tps_per_gpu >= floor,
         ))  # fmt: skip
@@ -36,7 +37,7 @@ def constraint_values(checks: list[SloCheck]) -> list[float]:
     """Optuna constraint values: <= 0 means satisfied (relative violation of each bound)."""
     vals = []
     for c in checks:
-        if c.metric == "output_tokens_per_s_per_gpu":
+        if c.metric == OBJECTIVE.key:
             vals.append(c.limit_ms / max(c.value_ms, 1e-9) - 1.0)
         else:
             vals.append(c.value_ms / c.limit_ms - 1.0)
@@ -48,10 +49,10 @@ def describe_violations(checks: list[SloCheck]) -> list[str]:
     for c in checks:
         if c.ok:
             continue
-        if c.metric == "output_tokens_per_s_per_gpu":
-            out.append(f"tok/s/GPU {c.value_ms:.0f} < {c.limit_ms:g}")
+        if c.metric == OBJECTIVE.key:
+            out.append(f"{OBJECTIVE.label} {c.value_ms:.0f} < {c.limit_ms:g}")
         else:
-            label = METRIC_LABELS.get(c.metric, c.metric)
+            label = latency_metric(c.metric).label
             over = c.value_ms / c.limit_ms - 1
             out.append(
                 f"{label} {c.percentile} {c.value_ms:.0f} ms > {c.limit_ms:g} ms (+{over:.0%})"

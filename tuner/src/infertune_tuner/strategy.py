@@ -31,6 +31,7 @@ from scipy.special import ndtr
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.known import Known, implied_infeasible, measured_twin
 from infertune_tuner.memory_fit import FitModel, memory_margin, ruled_out
+from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.posterior import Observation, Quantity, learned_noise
 from infertune_tuner.request import SloBound, TuningRequest
@@ -54,7 +55,7 @@ def bound_key(b: SloBound) -> str:
 
 
 def _predicted(p: Prediction, b: SloBound) -> float:
-    return max(float(getattr(p, b.metric).get(b.percentile)), 1e-6)
+    return max(float(latency_metric(b.metric).of(p).get(b.percentile)), 1e-6)
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ class Planner:
                 continue
             margins = [
                 (c.limit_ms - c.value_ms) / c.limit_ms
-                if c.metric != "output_tokens_per_s_per_gpu"
+                if c.metric != OBJECTIVE.key
                 else (c.value_ms - c.limit_ms) / c.limit_ms
                 for c in known.checks.get(cfg, [])
             ]

@@ -13,35 +13,24 @@ from typing import Any
 import yaml
 
 from infertune_operator.api import models
+from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 
 JsonSchema = dict[str, Any]
+
+_ONE_PERCENTILE = {
+    "rule": " || ".join(f"has(self.{p})" for p in PERCENTILES),
+    "message": f"give at least one of {', '.join(PERCENTILES)}",
+}
 
 # CEL rules for what the schema alone can't say. Keyed by the property path below spec.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "slo": [
         {
-            "rule": "has(self.ttftMs) || has(self.itlMs) || has(self.e2eLatencyMs)",
-            "message": "give at least one latency bound: ttftMs, itlMs or e2eLatencyMs",
+            "rule": " || ".join(f"has(self.{m.wire})" for m in LATENCY_METRICS),
+            "message": models.ONE_LATENCY_BOUND,
         }
     ],
-    "slo.ttftMs": [
-        {
-            "rule": "has(self.p50) || has(self.p95) || has(self.p99)",
-            "message": "give at least one of p50, p95, p99",
-        }
-    ],
-    "slo.itlMs": [
-        {
-            "rule": "has(self.p50) || has(self.p95) || has(self.p99)",
-            "message": "give at least one of p50, p95, p99",
-        }
-    ],
-    "slo.e2eLatencyMs": [
-        {
-            "rule": "has(self.p50) || has(self.p95) || has(self.p99)",
-            "message": "give at least one of p50, p95, p99",
-        }
-    ],
+    **{f"slo.{m.wire}": [dict(_ONE_PERCENTILE)] for m in LATENCY_METRICS},
     "model.architecture": [
         {
             "rule": "self.heads % self.kvHeads == 0",

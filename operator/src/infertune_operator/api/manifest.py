@@ -1,7 +1,8 @@
 """Read InferenceDeployment manifests (YAML or JSON, one or many documents) and validate them.
 
 Validation reports *every* problem with its field path in one pass: pydantic's own errors for the
-schema, then the catalog checks (known model, known GPU) that need the performance model's data.
+schema together with the catalog checks (known model, known GPU) that need the performance
+model's data. The catalog checks read the raw document, so they run even when the schema fails.
 """
 
 from __future__ import annotations
@@ -73,33 +74,50 @@ def find_deployment_document(path: Path) -> dict[str, Any]:
     return ours[0]
 
 
-def catalog_problems(obj: InferenceDeployment) -> list[Problem]:
+def _field(doc: dict[str, Any], *path: str) -> Any:
+    node: Any = doc
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def catalog_problems(doc: dict[str, Any]) -> list[Problem]:
     """Checks that need the tuner's catalogs: a known GPU, a known (or described) model, and a
-    workload within the model's maximum context."""
+    workload within the model's maximum context.
+
+    Reads the raw document, so that a manifest with schema problems hears about these too; a
+    field that is absent or not of its type is left to the schema's own problems.
+    """
     from infertune_tuner.catalog.gpus import get_gpu
     from infertune_tuner.catalog.models import get_model
 
     problems = []
-    try:
-        get_gpu(obj.spec.gpu.product)
-    except InputError as exc:
-        problems.append(Problem("spec.gpu.product", str(exc)))
-    if obj.spec.model.architecture is None:
+    product = _field(doc, "spec", "gpu", "product")
+    if isinstance(product, str) and product:
         try:
-            model = get_model(obj.spec.model.name)
+            get_gpu(product)
+        except InputError as exc:
+            problems.append(Problem("spec.gpu.product", str(exc)))
+    model = _field(doc, "spec", "model", "name")
+    if isinstance(model, str) and model and _field(doc, "spec", "model", "architecture") is None:
+        try:
+            arch = get_model(model)
         except InputError as exc:
             problems.append(Problem("spec.model.name", str(exc)))
         else:
-            w = obj.spec.workload
-            too_long = model.context_problem(w.input_tokens, w.output_tokens)
-            if too_long is not None:
-                problems.append(Problem("spec.workload", too_long))
+            isl = _field(doc, "spec", "workload", "inputTokens")
+            osl = _field(doc, "spec", "workload", "outputTokens")
+            if isinstance(isl, int) and isinstance(osl, int):
+                too_long = arch.context_problem(isl, osl)
+                if too_long is not None:
+                    problems.append(Problem("spec.workload", too_long))
     return problems
 
 
 def validate_document(doc: dict[str, Any]) -> tuple[InferenceDeployment | None, list[Problem]]:
-    """Validate one manifest; returns the model (when schema-valid) and every problem found."""
+    """Validate one manifest; returns the model (when valid) and every problem found."""
     problems: list[Problem] = []
+    obj: InferenceDeployment | None = None
     try:
         obj = InferenceDeployment.model_validate(doc)
     except ValidationError as exc:
@@ -112,8 +130,7 @@ def validate_document(doc: dict[str, Any]) -> tuple[InferenceDeployment | None, 
             elif err["type"] == "literal_error" and _loc(err["loc"]) == "apiVersion":
                 msg = f"must be {API_VERSION}"
             problems.append(Problem(_loc(err["loc"]), msg))
-        return None, problems
-    problems.extend(catalog_problems(obj))
+    problems.extend(catalog_problems(doc))
     return (obj if not problems else None), problems
 
 

@@ -4,14 +4,29 @@ Everything else derives from these models: the CRD in ``crds/`` is generated fro
 (``infertune crd``), ``infertune validate`` checks manifests with them, the operator reads custom
 resources through them and the tuner request is built from them.
 
-YAML uses camelCase (``inputTokens``); Python uses snake_case (``input_tokens``).
+YAML uses camelCase (``inputTokens``); Python uses snake_case (``input_tokens``). The SLO
+fields and the status metrics come from the tuner's metric registry (``infertune_tuner.metrics``),
+the enums and defaults from the tuner's ``config`` and ``defaults``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from infertune_tuner import defaults
+from infertune_tuner.config import KvCacheDtype, Quantization, TrialConfig
+from infertune_tuner.metrics import (
+    LATENCY_METRICS,
+    OBJECTIVE,
+    PERCENTILES,
+    LatencyMetric,
+    listing,
+)
+from infertune_tuner.request import Sampler
+from infertune_tuner.result import Metrics
+from infertune_tuner.schema import Record, to_camel, with_fields
 
 GROUP = "infertune.io"
 VERSION = "v1alpha1"
@@ -21,31 +36,19 @@ SINGULAR = "inferencedeployment"
 SHORT_NAMES = ["infd"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-Quantization = Literal["bf16", "fp16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4"]
-KvCacheDtype = Literal["auto", "fp8"]
 TensorParallel = Literal[1, 2, 4, 8, 16, 32, 64]
-Backend = Literal["triton", "simulated"]
+Backend = Literal["triton", "simulated"]  # where an InferenceDeployment's trials run
 Phase = Literal["Pending", "Tuning", "Deploying", "Ready", "Failed"]
-
-QUANTIZATIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4")
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
 
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
-def to_camel(snake: str) -> str:
-    """``e2e_latency_ms`` -> ``e2eLatencyMs`` (pydantic's own would give ``e2ELatencyMs``)."""
-    first, *rest = snake.split("_")
-    return first + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python, unknown fields rejected."""
+class ApiModel(Record):
+    """A Record with the Kubernetes wire format: camelCase on the wire, snake_case in Python."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
-        extra="forbid",
         validate_default=True,
     )
 
@@ -121,7 +124,7 @@ class GpuSpec(ApiModel):
     product: str = Field(
         min_length=1, description="GPU catalog key such as H100-SXM-80GB (see `infertune gpus`)."
     )
-    max_gpus_per_replica: Annotated[int, Field(ge=1, le=64)] = 8
+    max_gpus_per_replica: Annotated[int, Field(ge=1, le=64)] = defaults.MAX_GPUS_PER_REPLICA
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
 
@@ -158,18 +161,28 @@ class PercentileBound(ApiModel):
         return {p: v for p, v in (("p50", self.p50), ("p95", self.p95), ("p99", self.p99)) if v}
 
 
+ONE_LATENCY_BOUND = "give at least one latency bound: " + listing([m.wire for m in LATENCY_METRICS])
+
+
+# One field per latency metric of the registry (ttftMs, itlMs, e2eLatencyMs).
+@with_fields({
+    m.slo_field: (PercentileBound | None, Field(default=None, description=m.description))
+    for m in LATENCY_METRICS
+})  # fmt: skip
 class SloSpec(ApiModel):
-    ttft_ms: PercentileBound | None = Field(default=None, description="Time to first token.")
-    itl_ms: PercentileBound | None = Field(default=None, description="Inter-token latency.")
-    e2e_latency_ms: PercentileBound | None = Field(
-        default=None, description="Request latency, send to last token."
-    )
+    """Upper bounds on latency percentiles, and an optional floor under output tokens/s/GPU."""
+
     min_output_tokens_per_second_per_gpu: Annotated[float, Field(gt=0)] | None = None
+
+    def bound(self, metric: LatencyMetric) -> PercentileBound | None:
+        """The bound on one registered latency metric, None when the spec sets none."""
+        value: PercentileBound | None = getattr(self, metric.slo_field)
+        return value
 
     @model_validator(mode="after")
     def _one_latency_bound(self) -> SloSpec:
-        if self.ttft_ms is None and self.itl_ms is None and self.e2e_latency_ms is None:
-            raise ValueError("give at least one latency bound: ttftMs, itlMs or e2eLatencyMs")
+        if all(self.bound(m) is None for m in LATENCY_METRICS):
+            raise ValueError(ONE_LATENCY_BOUND)
         return self
 
 
@@ -185,42 +198,51 @@ def _unique(values: list[object], field: str) -> None:
 
 
 class SearchSpec(ApiModel):
-    tensor_parallel: list[TensorParallel] = Field(default=[1, 2, 4, 8], min_length=1, max_length=7)
+    tensor_parallel: list[TensorParallel] = Field(
+        default=list(defaults.TENSOR_PARALLEL), min_length=1, max_length=7
+    )
     max_batch_size: list[PositiveInt] = Field(
-        default=[1, 4, 8, 16, 32, 64, 128, 256], min_length=1, max_length=64
+        default=list(defaults.MAX_BATCH_SIZE), min_length=1, max_length=64
     )
     quantization: list[Quantization] = Field(
-        default=["bf16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4"], min_length=1, max_length=6
+        default=list(defaults.QUANTIZATION), min_length=1, max_length=6
     )
-    kv_cache_dtype: list[KvCacheDtype] = Field(default=["auto", "fp8"], min_length=1, max_length=2)
-    max_accuracy_loss_percent: Annotated[float, Field(ge=0, le=100)] = 1.0
+    kv_cache_dtype: list[KvCacheDtype] = Field(
+        default=list(defaults.KV_CACHE_DTYPE), min_length=1, max_length=2
+    )
+    max_accuracy_loss_percent: Annotated[float, Field(ge=0, le=100)] = (
+        defaults.MAX_ACCURACY_LOSS_PERCENT
+    )
 
 
 # ---------------------------------------------------------------- spec.tuning
 
 
 class TuningSpec(ApiModel):
-    # maxTrials and backend default to 40 and triton, but stay unset in the stored object so an
-    # operator-wide default (Helm values) can apply; see `effective_*` and operator settings.
+    # maxTrials and backend stay unset in the stored object so an operator-wide default (Helm
+    # values, operator settings) can apply; see `effective_*` and infertune_tuner.defaults.
     max_trials: Annotated[int, Field(ge=1, le=1000)] | None = Field(
-        default=None, description="Cap on executed trials (default 40). A cap, not a target."
+        default=None,
+        description=f"Cap on executed trials (default {defaults.MAX_TRIALS}). A cap, not a target.",
     )
     seed: Annotated[int, Field(ge=0)] | None = None
     backend: Backend | None = Field(
-        default=None, description="triton (real GPUs, default) or simulated (no GPU needed)."
+        default=None,
+        description=f"triton (real GPUs) or simulated (no GPU needed); default "
+        f"{defaults.CLUSTER_BACKEND} unless the operator is configured otherwise.",
     )
-    sampler: Literal["auto", "tpe", "random", "grid"] = "auto"
-    parallelism: Annotated[int, Field(ge=1, le=64)] = 1
+    sampler: Sampler = defaults.SAMPLER
+    parallelism: Annotated[int, Field(ge=1, le=64)] = defaults.PARALLELISM
     timeout_minutes: Annotated[int, Field(ge=1)] | None = None
     storage: str | None = Field(
         default=None,
         description="Optuna RDB storage URL (postgresql://...) shared by parallel tuner workers.",
     )
 
-    def effective_max_trials(self, default: int = 40) -> int:
+    def effective_max_trials(self, default: int = defaults.MAX_TRIALS) -> int:
         return self.max_trials if self.max_trials is not None else default
 
-    def effective_backend(self, default: str = "triton") -> str:
+    def effective_backend(self, default: str = defaults.CLUSTER_BACKEND) -> str:
         return self.backend if self.backend is not None else default
 
 
@@ -286,28 +308,46 @@ class BestConfig(ApiModel):
     quantization: str
     kv_cache_dtype: str
 
+    @classmethod
+    def of(cls, config: TrialConfig) -> BestConfig:
+        return cls(**config.as_dict())
 
+    def to_config(self) -> TrialConfig:
+        return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
+
+
+# One field per percentile of each latency metric of the registry (ttftP50Ms ... e2eP99Ms).
+@with_fields({
+    m.column(p): (float | None, None) for m in LATENCY_METRICS for p in PERCENTILES
+})  # fmt: skip
 class BestMetrics(ApiModel):
-    ttft_p50_ms: float | None = None
-    ttft_p95_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    itl_p50_ms: float | None = None
-    itl_p95_ms: float | None = None
-    itl_p99_ms: float | None = None
-    e2e_p50_ms: float | None = None
-    e2e_p95_ms: float | None = None
-    e2e_p99_ms: float | None = None
+    """The best configuration's measured latencies and tok/s/GPU; whether it met the SLO."""
+
     output_tokens_per_second_per_gpu: float | None = None
     slo_met: bool | None = None
 
+    @classmethod
+    def of(cls, measured: Metrics, *, slo_met: bool) -> BestMetrics:
+        """The status view of a report's metrics."""
+        fields: dict[str, Any] = {
+            m.column(p): measured.latency(m.key, p) for m in LATENCY_METRICS for p in PERCENTILES
+        }
+        fields[OBJECTIVE.status_field] = OBJECTIVE.of(measured)
+        return cls(**fields, slo_met=slo_met)
+
 
 class TrialCounts(ApiModel):
+    """Trials executed on GPUs, of all the configurations the report lists."""
+
     executed: int = 0
     total: int = 0
 
 
 class InferenceDeploymentStatus(ApiModel):
-    model_config = ConfigDict(extra="allow")  # Kopf keeps its own bookkeeping in status too
+    """What the operator writes into .status. Built partially: only the fields a transition sets
+    are part of its patch (see :meth:`patch`); a field set to None is removed from the object."""
+
+    model_config = ConfigDict(extra="allow")  # others may keep bookkeeping in status (Kopf did)
 
     phase: Phase | None = None
     conditions: list[Condition] | None = None
@@ -319,6 +359,10 @@ class InferenceDeploymentStatus(ApiModel):
     endpoint: str | None = None
     message: str | None = None
     tuning_hash: str | None = None
+
+    def patch(self) -> dict[str, Any]:
+        """The JSON merge patch of the fields that were set (None: delete the field)."""
+        return self.model_dump(by_alias=True, exclude_unset=True, mode="json")
 
 
 class ObjectMeta(ApiModel):

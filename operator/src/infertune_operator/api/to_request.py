@@ -2,34 +2,38 @@
 
 from __future__ import annotations
 
-from infertune_operator.api.models import InferenceDeployment, PercentileBound
+from infertune_operator.api.models import InferenceDeployment
+from infertune_tuner import defaults
+from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import (
-    Architecture,
     GpuRef,
     ModelRef,
-    SearchSpace,
+    ModelShape,
+    SearchValues,
     SloBound,
     TuningOptions,
     TuningRequest,
-    WorkloadSpec,
+    WorkloadShape,
 )
-
-
-def _bounds(metric: str, bound: PercentileBound | None) -> list[SloBound]:
-    if bound is None:
-        return []
-    return [SloBound(metric=metric, percentile=p, max_ms=v) for p, v in bound.bounds().items()]
 
 
 def to_request(
     obj: InferenceDeployment,
     *,
-    default_backend: str = "triton",
-    default_max_trials: int = 40,
+    default_backend: str = defaults.CLUSTER_BACKEND,
+    default_max_trials: int = defaults.MAX_TRIALS,
     default_storage: str | None = None,
 ) -> TuningRequest:
+    """The request for a validated InferenceDeployment; the defaults fill unset spec.tuning
+    fields (the operator passes its settings, `infertune tune` its local backend)."""
     s = obj.spec
     arch = s.model.architecture
+    slo = [
+        SloBound(metric=metric.key, percentile=p, max_ms=v)
+        for metric in LATENCY_METRICS
+        if (bound := s.slo.bound(metric)) is not None
+        for p, v in bound.bounds().items()
+    ]
     return TuningRequest(
         name=obj.metadata.name,
         namespace=obj.metadata.namespace,
@@ -37,17 +41,13 @@ def to_request(
             name=s.model.name,
             uri=s.model.source.uri if s.model.source else None,
             checkpoints=dict(s.model.checkpoints),
-            architecture=Architecture(**arch.model_dump(exclude_none=True)) if arch else None,
+            architecture=ModelShape(**arch.model_dump(exclude_none=True)) if arch else None,
         ),
         gpu=GpuRef(product=s.gpu.product, max_gpus_per_replica=s.gpu.max_gpus_per_replica),
-        workload=WorkloadSpec(**s.workload.model_dump()),
-        slo=[
-            *_bounds("ttft_ms", s.slo.ttft_ms),
-            *_bounds("itl_ms", s.slo.itl_ms),
-            *_bounds("e2e_ms", s.slo.e2e_latency_ms),
-        ],
+        workload=WorkloadShape(**s.workload.model_dump()),
+        slo=slo,
         min_output_tokens_per_s_per_gpu=s.slo.min_output_tokens_per_second_per_gpu,
-        search=SearchSpace(
+        search=SearchValues(
             tensor_parallel=list(s.search.tensor_parallel),
             max_batch_size=list(s.search.max_batch_size),
             quantization=list(s.search.quantization),

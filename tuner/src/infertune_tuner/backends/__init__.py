@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infertune_tuner.backends.base import BenchmarkBackend
+from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import TuningRequest
 
@@ -18,8 +18,9 @@ def make_backend(
     seed: int = 0,
     server_command: str | None = None,
     workdir: Path | None = None,
+    on_phase: OnPhase | None = None,
 ) -> BenchmarkBackend:
-    """Build the backend a `--backend` string names."""
+    """Build the backend a `--backend` string names (``on_phase``: see ``base.Phase``)."""
     if spec == "simulated":
         from infertune_tuner.backends.simulated import SimulatedBackend
 
@@ -30,8 +31,8 @@ def make_backend(
 
         return SimulatedBackend.perturbed(request, seed=seed)
     if spec.startswith("world:"):
-        # A pool whose behaviour differs in form from the model (see infertune_tuner.worlds).
-        from infertune_tuner.worlds import WorldBackend
+        # A pool whose behaviour differs in form from the model (see infertune_tuner.backends.worlds).
+        from infertune_tuner.backends.worlds import WorldBackend
 
         return WorldBackend(request, spec.removeprefix("world:"), seed=seed)
     if spec.startswith("replay:"):
@@ -44,8 +45,10 @@ def make_backend(
     if spec == "triton":
         from infertune_tuner.backends.triton import TritonBackend
 
-        return TritonBackend(request, server_command=server_command, workdir=workdir)
+        return TritonBackend(
+            request, server_command=server_command, workdir=workdir, on_phase=on_phase
+        )
     raise InputError(f"unknown backend {spec!r}; use {BACKEND_HELP}")
 
 
-__all__ = ["BACKEND_HELP", "BenchmarkBackend", "make_backend"]
+__all__ = ["BACKEND_HELP", "BenchmarkBackend", "OnPhase", "make_backend"]

@@ -8,10 +8,14 @@ Measurement with status `oom`/`error` and a reason. It raises InputError only fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.measurement import Measurement
+from infertune_tuner.measurement import Measurement, TrialPhase
+
+# Hears each phase of a long trial as it begins (a backend that measures at once reports none).
+OnPhase = Callable[[TrialConfig, TrialPhase], None]
 
 
 @runtime_checkable

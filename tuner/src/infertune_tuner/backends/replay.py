@@ -1,5 +1,6 @@
 """Replay backend: recorded measurements from a CSV table (offline re-tuning, reproducible
-reports, tests). Exact header (extra columns are ignored):
+reports, tests). Header (extra columns are ignored; one column per percentile of each latency
+metric of ``metrics.LATENCY_METRICS``):
 
     tp,max_batch_size,quantization,kv_cache_dtype,status,ttft_p50_ms,ttft_p95_ms,ttft_p99_ms,
     itl_p50_ms,itl_p95_ms,itl_p99_ms,e2e_p50_ms,e2e_p95_ms,e2e_p99_ms,output_tokens_per_s_per_gpu
@@ -18,20 +19,20 @@ from pathlib import Path
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.measurement import Measurement
+from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, PERCENTILES, LatencyMetric
 from infertune_tuner.perfmodel.latency import Percentiles
 
-COLUMNS = (
-    "tp", "max_batch_size", "quantization", "kv_cache_dtype", "status",
-    "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms",
-    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "output_tokens_per_s_per_gpu",
-)  # fmt: skip
-METRIC_COLUMNS = COLUMNS[5:]
+METRIC_COLUMNS = (
+    *(m.column(p) for m in LATENCY_METRICS for p in PERCENTILES),
+    OBJECTIVE.key,
+)
+COLUMNS = ("tp", "max_batch_size", "quantization", "kv_cache_dtype", "status", *METRIC_COLUMNS)
 
 
-def _percentiles(row: dict[str, str], metric: str, where: str) -> Percentiles:
-    vals = [float(row[f"{metric}_{p}_ms"]) for p in ("p50", "p95", "p99")]
+def _percentiles(row: dict[str, str], metric: LatencyMetric, where: str) -> Percentiles:
+    vals = [float(row[metric.column(p)]) for p in PERCENTILES]
     if min(vals) < 0:
-        raise InputError(f"{where}: negative {metric} latency")
+        raise InputError(f"{where}: negative {metric.prefix} latency")
     return Percentiles(*vals)
 
 
@@ -54,12 +55,9 @@ def load_table(path: Path) -> dict[TrialConfig, Measurement]:
             )  # fmt: skip
             status = row["status"].strip()
             if status == "ok":
-                m = Measurement(
-                    status="ok",
-                    ttft_ms=_percentiles(row, "ttft", where),
-                    itl_ms=_percentiles(row, "itl", where),
-                    e2e_ms=_percentiles(row, "e2e", where),
-                    output_tokens_per_s_per_gpu=float(row["output_tokens_per_s_per_gpu"]),
+                m = Measurement.ok(
+                    {x.key: _percentiles(row, x, where) for x in LATENCY_METRICS},
+                    output_tokens_per_s_per_gpu=float(row[OBJECTIVE.key]),
                     concurrency=float(row["concurrency"]) if row.get("concurrency") else None,
                 )
             elif status in ("oom", "error"):
@@ -98,12 +96,9 @@ def write_table(path: Path, rows: dict[TrialConfig, Measurement]) -> None:
         w.writerow([*COLUMNS, "concurrency"])
         for cfg, m in rows.items():
             base = [cfg.tp, cfg.max_batch_size, cfg.quantization, cfg.kv_cache_dtype, m.status]
-            if m.status == "ok" and m.ttft_ms and m.itl_ms and m.e2e_ms:
-                vals = [
-                    round(v, 3)
-                    for p in (m.ttft_ms, m.itl_ms, m.e2e_ms)
-                    for v in (p.p50, p.p95, p.p99)
-                ]
+            measured = [m.percentiles(x.key) for x in LATENCY_METRICS]
+            if m.status == "ok" and all(measured):
+                vals = [round(pct.get(p), 3) for pct in measured if pct for p in PERCENTILES]
                 tps = round(m.output_tokens_per_s_per_gpu or 0.0, 3)
                 w.writerow([*base, *vals, tps, "" if m.concurrency is None else m.concurrency])
             else:

@@ -19,6 +19,7 @@ from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.measurement import Measurement, trial_requests
+from infertune_tuner.metrics import E2E, LATENCY_METRICS, OBJECTIVE, PERCENTILES, TTFT
 from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
 from infertune_tuner.perfmodel.latency import Percentiles, predict
 from infertune_tuner.perfmodel.memory import RESERVE_GIB
@@ -100,17 +101,13 @@ class SimulatedBackend:
         if runs[0].status != "ok":
             return runs[0]
 
-        def med(name: str) -> Percentiles:
-            ps = [getattr(m, name) for m in runs]
-            return Percentiles(
-                *(statistics.median(getattr(p, q) for p in ps) for q in ("p50", "p95", "p99"))
-            )
+        def med(key: str) -> Percentiles:
+            ps = [p for m in runs if (p := m.percentiles(key)) is not None]
+            return Percentiles(*(statistics.median(p.get(q) for p in ps) for q in PERCENTILES))
 
-        return Measurement(
-            status="ok", ttft_ms=med("ttft_ms"), itl_ms=med("itl_ms"), e2e_ms=med("e2e_ms"),
-            output_tokens_per_s_per_gpu=statistics.median(
-                m.output_tokens_per_s_per_gpu or 0.0 for m in runs
-            ),
+        return Measurement.ok(
+            {x.key: med(x.key) for x in LATENCY_METRICS},
+            output_tokens_per_s_per_gpu=statistics.median(OBJECTIVE.of(m) or 0.0 for m in runs),
             requests=runs[0].requests, duration_s=runs[0].duration_s,
             concurrency=runs[0].concurrency,
         )  # fmt: skip
@@ -136,7 +133,9 @@ class SimulatedBackend:
                 x.p50 * base, max(x.p95 * t95, x.p50 * base), max(x.p99 * t99, x.p95 * t95)
             )
 
-        ttft, itl, e2e = jitter(p.ttft_ms, 2.0), jitter(p.itl_ms), jitter(p.e2e_ms)
+        # TTFT spreads twice as much as the rest: it is one short interval, not a sum of many.
+        latency = {m.key: jitter(m.of(p), 2.0 if m is TTFT else 1.0) for m in LATENCY_METRICS}
+        ttft, e2e = latency[TTFT.key], latency[E2E.key]
         tps = p.output_tokens_per_s_per_gpu * p.e2e_ms.p50 / e2e.p50
         if mem.max_concurrent_sequences < config.max_batch_size:
             # The KV cache caps concurrency: the rest queue, which shows up in TTFT and E2E.
@@ -149,11 +148,12 @@ class SimulatedBackend:
             wait = capped.e2e_ms.p50 * (config.max_batch_size / cap - 1)
             ttft = Percentiles(ttft.p50 + wait, ttft.p95 + wait * 1.5, ttft.p99 + wait * 2)
             e2e = Percentiles(e2e.p50 + wait, e2e.p95 + wait * 1.5, e2e.p99 + wait * 2)
+            latency[TTFT.key], latency[E2E.key] = ttft, e2e
             tps = capped.output_tokens_per_s_per_gpu
         requests = trial_requests(config.max_batch_size, self._percentiles)
-        return Measurement(
-            status="ok", ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, output_tokens_per_s_per_gpu=tps,
-            requests=requests, errors=0, duration_s=requests / config.max_batch_size * e2e.p50 / 1e3,
+        return Measurement.ok(
+            latency, output_tokens_per_s_per_gpu=tps, requests=requests,
+            duration_s=requests / config.max_batch_size * e2e.p50 / 1e3,
             concurrency=min(config.max_batch_size, mem.max_concurrent_sequences),
         )  # fmt: skip
 

@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from infertune_tuner.backends.base import OnPhase
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.loadgen import LoadSpec
@@ -48,7 +49,8 @@ from infertune_tuner.harness.triton_repo import (
     model_path_for,
     render_model_repository,
 )
-from infertune_tuner.measurement import Measurement, trial_requests
+from infertune_tuner.measurement import Measurement, TrialPhase, trial_requests
+from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import TuningRequest
 
 PLACEHOLDERS = frozenset({
@@ -96,6 +98,7 @@ class TritonBackend:
         startup_timeout_s: float = 1800,
         requests_per_trial: int | None = None,
         warmup: int | None = None,
+        on_phase: OnPhase | None = None,
     ) -> None:
         if server_command is not None:
             check_template(server_command)
@@ -106,6 +109,7 @@ class TritonBackend:
         self.startup_timeout_s = startup_timeout_s
         self.requests_per_trial = requests_per_trial
         self.warmup = warmup
+        self.on_phase = on_phase
         self._owns_workdir = workdir is None
         self.workdir = (
             Path(tempfile.mkdtemp(prefix="infertune-triton-")) if workdir is None else workdir
@@ -162,9 +166,15 @@ class TritonBackend:
             output_tokens=self.request.workload.output_tokens,
             seed=self.request.tuning.seed or 0,
         )
+        hook = self.on_phase
+
+        def phase(name: TrialPhase) -> None:
+            if hook is not None:
+                hook(config, name)
+
         return TrialPlan(
             command=command, load=load, log_path=trial_dir / "server.log",
-            startup_timeout_s=self.startup_timeout_s,
+            startup_timeout_s=self.startup_timeout_s, on_phase=phase,
         )  # fmt: skip
 
     @staticmethod
@@ -203,11 +213,8 @@ class TritonBackend:
         notes = [*r.error_samples]  # an ok trial may still have lost a few requests
         if "warning" in r.settings:
             notes.append(str(r.settings["warning"]))
-        return Measurement(
-            status="ok",
-            ttft_ms=r.ttft_ms.percentiles() if r.ttft_ms else None,
-            itl_ms=r.itl_ms.percentiles() if r.itl_ms else None,
-            e2e_ms=r.e2e_ms.percentiles() if r.e2e_ms else None,
+        return Measurement.ok(
+            {m.key: (s.percentiles() if (s := m.of(r)) else None) for m in LATENCY_METRICS},
             output_tokens_per_s_per_gpu=r.output_tokens_per_s / config.tp,
             requests=r.requests,
             errors=r.errors,

@@ -1,10 +1,12 @@
 """The benchmark harness: what turns a running Triton server into TTFT/ITL/E2E and throughput.
 
-- `metrics`: per-request traces -> percentiles (pure, GenAI-Perf definitions)
-- `loadgen`: tritonclient.grpc.aio streaming load generator (closed loop / request rate)
+- `stats`: per-request traces -> percentiles (pure, GenAI-Perf definitions)
+- `loadgen`: tritonclient.grpc.aio streaming load generator (closed loop / request rate), with
+  `prompts`: the inputs a model's metadata asks for, synthetic prompts
 - `engine`: continuous-batching engine timed by the performance model (pure), and
   `modelled_steady_state`, the reference an ideal client would measure
-- `simserver`: a simulated Triton speaking KServe v2 gRPC, driven by `engine`
+- `simserver`: a simulated Triton speaking KServe v2 gRPC (`sim_service`), driven by `engine`;
+  `simserver_cli` is its command (`infertune simserver`, `python -m ...harness.simserver`)
 - `triton_repo`: the Triton model repository of TensorRT-LLM's LLM-API model (pure rendering)
 - `runner`: one real trial: start a server, wait for readiness, drive load, tear down, classify
 

@@ -32,38 +32,19 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
-import numpy as np
-from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from infertune_tuner.errors import InputError
-from infertune_tuner.harness.metrics import BenchResult, RequestTrace, compute
+from infertune_tuner.harness.prompts import RequestTemplate
+from infertune_tuner.harness.stats import BenchResult, RequestTrace, compute
 
 clock = time.monotonic  # CLOCK_MONOTONIC on Linux: the simulated server's clock too
 
-# fmt: off
-WORDS = (
-    "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world",
-    "school", "state", "family", "student", "group", "country", "problem", "hand", "part",
-    "place", "case", "week", "company", "system", "program", "question", "work", "government",
-    "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story",
-    "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue",
-    "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game",
-    "line", "end", "member", "law", "car", "city", "community", "name", "president", "team",
-    "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level",
-    "office", "door", "health", "person", "art", "war", "history", "party", "result", "change",
-    "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force",
-)
-# fmt: on
-
-MAX_TOKEN_INPUTS = ("sampling_param_max_tokens", "max_tokens", "request_output_len")
-STREAMING_INPUTS = ("streaming", "stream")
-PER_REQUEST_INPUTS = frozenset({"text_input", "input_ids"})
 CLIENT_SATURATED = 0.7  # CPU share above which client queueing starts to show in latencies
 
 
@@ -105,134 +86,6 @@ class LoadSpec:
             "request_rate": self.request_rate, "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens, "warmup": self.warmup,
         }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Input:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]  # -1 for the variable dimension
-
-
-@dataclass
-class RequestTemplate:
-    """Which inputs to send, in which shapes (from ModelMetadata/ModelConfig)."""
-
-    inputs: list[_Input]
-    batched: bool = False
-    metadata_error: str | None = None
-    _words: list[str] = field(default_factory=lambda: list(WORDS))
-    _cache: dict[tuple[int, int], _Prompts] = field(default_factory=dict)
-    _shared: dict[tuple[str, int, int], Any] = field(default_factory=dict)
-
-    @classmethod
-    def fallback(cls, error: str | None = None) -> RequestTemplate:
-        return cls(
-            [_Input("text_input", "BYTES", (-1,)), _Input("max_tokens", "INT32", (1,))],
-            metadata_error=error,
-        )
-
-    @classmethod
-    def from_metadata(cls, metadata: Any, max_batch_size: int) -> RequestTemplate:
-        batched = max_batch_size > 0
-        wanted: list[_Input] = []
-        declared = {t.name: t for t in metadata.inputs}
-
-        def add(name: str) -> None:
-            t = declared[name]
-            shape = tuple(int(d) for d in t.shape)
-            if batched and shape:
-                shape = shape[1:]  # metadata shows the batch dimension; we add it back as 1
-            wanted.append(_Input(name, t.datatype, shape))
-
-        for name in ("text_input", "input_ids", "input_lengths"):
-            if name in declared:
-                add(name)
-        for group in (MAX_TOKEN_INPUTS, STREAMING_INPUTS):
-            for name in group:
-                if name in declared:
-                    add(name)
-        if "sampling_param_exclude_input_from_output" in declared:
-            add("sampling_param_exclude_input_from_output")
-        if not any(i.name in ("text_input", "input_ids") for i in wanted):
-            raise InputError(
-                f"model {metadata.name!r} declares neither text_input nor input_ids; its inputs: "
-                + ", ".join(sorted(declared))
-            )
-        return cls(wanted, batched=batched)
-
-    def build(self, index: int, seed: int, input_tokens: int, output_tokens: int) -> list[Any]:
-        """The inputs of request `index`: a prompt no other request shares a prefix with (so
-        prefix caching cannot shorten its prefill), cheap enough to build on the hot path."""
-        prompt = self._prompts(seed, input_tokens).make(index)
-        out: list[Any] = []
-        for spec in self.inputs:
-            if spec.name in PER_REQUEST_INPUTS:
-                out.append(
-                    self._input(spec, self._value(spec, prompt, input_tokens, output_tokens))
-                )
-                continue
-            key = (spec.name, input_tokens, output_tokens)
-            shared = self._shared.get(key)  # identical in every request: build it once
-            if shared is None:
-                value = self._value(spec, prompt, input_tokens, output_tokens)
-                shared = self._shared[key] = self._input(spec, value)
-            out.append(shared)
-        return out
-
-    def _input(self, spec: _Input, value: Any) -> Any:
-        shape = list(value.shape)
-        if self.batched:
-            value = value.reshape([1, *shape])
-            shape = [1, *shape]
-        inp = InferInput(spec.name, shape, spec.datatype)
-        inp.set_data_from_numpy(value)
-        return inp
-
-    def _prompts(self, seed: int, input_tokens: int) -> _Prompts:
-        key = (seed, input_tokens)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = self._cache[key] = _Prompts(seed, input_tokens, self._words)
-        return cached
-
-    def _value(self, spec: _Input, prompt: tuple[bytes, Any], isl: int, osl: int) -> Any:
-        name = spec.name
-        if name == "text_input":
-            return np.array([prompt[0]], dtype=np.object_)
-        if name == "input_ids":
-            return prompt[1]
-        if name == "input_lengths":
-            return np.array([isl], dtype=np.int32)
-        if name in MAX_TOKEN_INPUTS:
-            return np.array([osl], dtype=np.int32)
-        if name in STREAMING_INPUTS or name == "sampling_param_exclude_input_from_output":
-            return np.array([True], dtype=bool)
-        raise AssertionError(f"no value for input {name}")
-
-
-class _Prompts:
-    """Synthetic prompts of `tokens` words: a prefix of up to PREFIX words that encodes the
-    request index (unique per request, so prefix caching cannot shorten a prefill), then a random
-    body shared by all requests (built once). Cheap: no per-request random generator."""
-
-    PREFIX = 8
-
-    def __init__(self, seed: int, tokens: int, words: list[str]) -> None:
-        rng = random.Random(f"body:{seed}:{tokens}")
-        self.words = words
-        self.prefix = min(self.PREFIX, tokens)
-        self.offsets = [rng.randrange(len(words)) for _ in range(self.prefix)]
-        body = rng.choices(words, k=tokens - self.prefix)
-        self.body_text = ("" if not body else " " + " ".join(body)).encode()
-        self.body_ids = np.array([rng.randrange(100, 30000) for _ in body], dtype=np.int32)
-
-    def make(self, index: int) -> tuple[bytes, Any]:
-        n = len(self.words)
-        digits = [(index // n**k + off) % n for k, off in enumerate(self.offsets)]
-        text = " ".join(self.words[d] for d in digits).encode() + self.body_text
-        ids = np.concatenate([np.array(digits, dtype=np.int32) * 101 + 1000, self.body_ids])
-        return text, ids
 
 
 # ------------------------------------------------------------------------------ one request
@@ -452,16 +305,24 @@ async def check_live(client: InferenceServerClient, spec: LoadSpec) -> None:
         raise ServerUnreachable(f"Triton at {spec.url} reports it is not live")
 
 
-async def run_load(spec: LoadSpec) -> BenchResult:
-    """Warm up, then drive the measured requests; statistics over the measured ones only."""
+async def run_load(
+    spec: LoadSpec, on_phase: Callable[[Literal["warm-up", "measuring"]], None] | None = None
+) -> BenchResult:
+    """Warm up, then drive the measured requests; statistics over the measured ones only.
+
+    ``on_phase`` hears "warm-up" (when there is one) and "measuring" as they begin.
+    """
     spec.validate()
+    hook = on_phase or (lambda _: None)
     cpu0, wall0 = time.process_time(), clock()
     async with InferenceServerClient(spec.url) as client:
         await check_live(client, spec)
         template = await negotiate(client, spec.model)
         if spec.request_rate is not None:
             if spec.warmup:
+                hook("warm-up")
                 await _request_rate(client, spec, template, 0, spec.warmup)
+            hook("measuring")
             traces = await _request_rate(client, spec, template, spec.warmup, spec.requests)
         else:
             # The workers and their streams live across warm-up and measurement, so opening
@@ -471,7 +332,9 @@ async def run_load(spec: LoadSpec) -> BenchResult:
                 w.open()
             try:
                 if spec.warmup:
+                    hook("warm-up")
                     await _closed_loop(workers, spec, template, 0, spec.warmup)
+                hook("measuring")
                 traces = await _closed_loop(workers, spec, template, spec.warmup, spec.requests)
             finally:
                 for w in workers:

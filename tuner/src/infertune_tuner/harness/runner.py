@@ -20,16 +20,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
 from tritonclient.grpc.aio import InferenceServerClient
 
 from infertune_tuner.harness.loadgen import LoadSpec, ServerUnreachable, run_load
-from infertune_tuner.harness.metrics import BenchResult
-from infertune_tuner.measurement import TrialStatus
+from infertune_tuner.harness.stats import BenchResult
+from infertune_tuner.measurement import TrialPhase, TrialStatus
+
+PhaseHook = Callable[[TrialPhase], None]
 
 LOG_TAIL_LINES = 40
 MAX_ERROR_FRACTION = 0.05  # more failed requests than this and the trial is an error
@@ -161,6 +163,9 @@ class TrialPlan:
     log_path: Path
     startup_timeout_s: float = 1800.0
     env: dict[str, str] | None = None
+    # Hears each phase as it begins: starting server, loading model, warm-up (when the load has
+    # one), measuring.
+    on_phase: PhaseHook | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ class TrialOutcome:
     wall_s: float
 
 
-async def _drive(plan: TrialPlan, proc: ServerProcess) -> TrialOutcome:
+async def _drive(plan: TrialPlan, proc: ServerProcess, on_phase: PhaseHook) -> TrialOutcome:
     """The trial's outcome; its wall time is left to `run_trial`, which also counts teardown."""
 
     def done(status: TrialStatus, result: BenchResult | None, reason: str | None) -> TrialOutcome:
@@ -181,6 +186,7 @@ async def _drive(plan: TrialPlan, proc: ServerProcess) -> TrialOutcome:
         status, reason = classify_failure(proc.log_text(), context)
         return done(status, result, reason)
 
+    on_phase("loading model")
     ready = await wait_ready(proc, plan.load.url, plan.load.model, plan.startup_timeout_s)
     if ready == "exited":
         code = proc.popen.returncode
@@ -188,7 +194,7 @@ async def _drive(plan: TrialPlan, proc: ServerProcess) -> TrialOutcome:
     if ready == "timeout":
         return from_logs(f"the server was not ready after {plan.startup_timeout_s:g} s")
     try:
-        result = await run_load(plan.load)
+        result = await run_load(plan.load, on_phase=on_phase)
     except ServerUnreachable as exc:
         return from_logs(str(exc))
     except Exception as exc:  # a trial fails with a reason; it never takes the tuner down
@@ -223,13 +229,15 @@ def _resolve_own_script(argv: Sequence[str]) -> list[str]:
 
 def run_trial(plan: TrialPlan) -> TrialOutcome:
     """Start the server, benchmark it, and always tear the whole process group down."""
+    hook: PhaseHook = plan.on_phase or (lambda _: None)
     t0 = time.monotonic()
+    hook("starting server")
     try:
         proc = ServerProcess.start(plan.command, plan.log_path, plan.env)
     except OSError as exc:
         return TrialOutcome("error", None, f"cannot start {plan.command[0]!r}: {exc}", 0.0)
     try:
-        outcome = asyncio.run(_drive(plan, proc))
+        outcome = asyncio.run(_drive(plan, proc, hook))
     finally:
         proc.stop()
     return replace(outcome, wall_s=time.monotonic() - t0)

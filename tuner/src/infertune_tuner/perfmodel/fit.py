@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from infertune_tuner.catalog.gpus import get_gpu
+from infertune_tuner.metrics import E2E
 from infertune_tuner.perfmodel import perf_overview, quant_speedups, reference
 from infertune_tuner.perfmodel.factors import Efficiency
 from infertune_tuner.perfmodel.fitted import FITTED
@@ -130,8 +131,8 @@ class StackFit:
                 continue
             got = pred.output_tokens_per_s_per_gpu
             total += math.log(got / p.tokens_per_s_per_gpu) ** 2
-            if p.e2e_ms is not None:
-                total += math.log(pred.e2e_ms.p50 / p.e2e_ms) ** 2
+            if p.published_latency_ms is not None:
+                total += math.log(E2E.of(pred).p50 / p.published_latency_ms) ** 2
             series.setdefault((p.source.key, p.gpu), []).append((p.tokens_per_s_per_gpu, got))
         for pairs in series.values():
             total += sum(0.05 + math.log(b / a) ** 2 for _, a, b in discordant(pairs))

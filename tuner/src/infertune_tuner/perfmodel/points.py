@@ -23,6 +23,7 @@ from typing import Literal
 from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.catalog.models import get_model
 from infertune_tuner.config import TrialConfig, Workload
+from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.factors import Efficiency
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.perfmodel.maxload import max_load
@@ -52,7 +53,7 @@ class ThroughputPoint:
     output_tokens: int
     tokens_per_s_per_gpu: float
     batch: int | None = None  # None: maximum load
-    e2e_ms: float | None = None
+    published_latency_ms: float | None = None  # the published end-to-end latency, when stated
     note: str = ""
 
     @property
@@ -106,7 +107,7 @@ class SpeedupPoint:
         def time(quantization: str, kv: str) -> float:
             cfg = TrialConfig(self.tp, self.batch, quantization, kv)
             p = predict(model, gpu, cfg, work, eff, stack=stack)
-            return {"e2e": p.e2e_ms, "itl": p.itl_ms, "ttft": p.ttft_ms}[self.metric].p50
+            return float(latency_metric(f"{self.metric}_ms").of(p).p50)
 
         return time("fp16", "auto") / time("fp8", self.fp8_kv_cache_dtype)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from infertune_tuner.metrics import E2E
 from infertune_tuner.perfmodel.factors import BORROWED, STACKS, Efficiency
 from infertune_tuner.perfmodel.fit import FITS, PER_GENERATION, SHARED, generation
 from infertune_tuner.perfmodel.points import Point, SpeedupPoint
@@ -48,8 +49,8 @@ def residuals(
                 continue
             pred = p.predict(eff)
             e2e = None
-            if p.e2e_ms is not None and pred is not None:
-                e2e = (p.e2e_ms, pred.e2e_ms.p50)
+            if p.published_latency_ms is not None and pred is not None:
+                e2e = (p.published_latency_ms, E2E.of(pred).p50)
             tps = pred.output_tokens_per_s_per_gpu if pred is not None else None
             out.append(Residual(p, p.tokens_per_s_per_gpu, tps, e2e))
     return out

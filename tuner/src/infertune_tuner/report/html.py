@@ -5,6 +5,7 @@ from __future__ import annotations
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
+from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.report.plot import pareto_svg
 from infertune_tuner.report.view import build_view, error_pct
 from infertune_tuner.result import Report
@@ -16,6 +17,7 @@ _env = Environment(
     lstrip_blocks=True,
 )
 _env.globals["error_pct"] = error_pct
+_env.globals["latency_metrics"] = LATENCY_METRICS
 
 
 def render_html(report: Report) -> str:

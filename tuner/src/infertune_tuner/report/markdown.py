@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.report.view import build_view, error_pct
-from infertune_tuner.result import Report, Trial
+from infertune_tuner.result import Metrics, Report, Trial
 
 
 def _cfg(t: Trial) -> str:
@@ -18,9 +19,7 @@ def _row(t: Trial) -> str:
     err = error_pct(
         p.output_tokens_per_s_per_gpu if p else None, m.output_tokens_per_s_per_gpu if m else None
     )
-    ttft = f"{m.ttft_ms.p95:.0f}" if m else ""
-    itl = f"{m.itl_ms.p95:.1f}" if m else ""
-    e2e = f"{m.e2e_ms.p95:.0f}" if m else ""
+    p95s = " | ".join(x.format(m.latency(x.key, "p95")) if m else "" for x in LATENCY_METRICS)
     slo = {True: "yes", False: "no", None: ""}[t.slo_ok]
     reason = (t.reason or "").replace("|", "/")
     if t.slo_checks and not t.slo_ok:
@@ -28,8 +27,16 @@ def _row(t: Trial) -> str:
     if t.purpose == "confirm":
         reason = ("re-measured; " + reason).rstrip("; ")
     return (
-        f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} | {ttft} | {itl} "
-        f"| {e2e} | {reason} |"
+        f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} | {p95s} "
+        f"| {reason} |"
+    )
+
+
+def _spread(m: Metrics) -> str:
+    """`p50 / p95 / p99` of every latency metric, one table cell each."""
+    return " | ".join(
+        " / ".join(x.format(v) for v in m.percentiles(x.key).model_dump().values())
+        for x in LATENCY_METRICS
     )
 
 
@@ -66,19 +73,23 @@ def render_markdown(report: Report) -> str:
         f"{report.duration_s:.1f} s",
         "",
     ]
+    if report.resumed_trials:
+        lines.insert(
+            -1,
+            f"- Resumed an earlier study: {report.resumed_trials} of the executed trials come "
+            "from earlier runs",
+        )
     if report.best:
         m = report.best.metrics
+        spreads = " | ".join(f"{x.label} p50/p95/p99 {x.unit}" for x in LATENCY_METRICS)
         lines += [
             "## Chosen configuration",
             "",
-            "| TP | max batch | quantization | KV cache | tok/s/GPU | TTFT p50/p95/p99 ms | ITL p50/p95/p99 ms | E2E p50/p95/p99 ms |",
-            "|---|---|---|---|---|---|---|---|",
+            f"| TP | max batch | quantization | KV cache | tok/s/GPU | {spreads} |",
+            "|---|---|---|---|---|" + "---|" * len(LATENCY_METRICS),
             f"| {report.best.config.tp} | {report.best.config.max_batch_size} | "
             f"{report.best.config.quantization} | {report.best.config.kv_cache_dtype} | "
-            f"{m.output_tokens_per_s_per_gpu:.0f} | "
-            f"{m.ttft_ms.p50:.0f} / {m.ttft_ms.p95:.0f} / {m.ttft_ms.p99:.0f} | "
-            f"{m.itl_ms.p50:.1f} / {m.itl_ms.p95:.1f} / {m.itl_ms.p99:.1f} | "
-            f"{m.e2e_ms.p50:.0f} / {m.e2e_ms.p95:.0f} / {m.e2e_ms.p99:.0f} |",
+            f"{m.output_tokens_per_s_per_gpu:.0f} | {_spread(m)} |",
             "",
             f"Measured {report.best.repeats} times"
             + (
@@ -111,8 +122,10 @@ def render_markdown(report: Report) -> str:
         f"Latencies are p95 of the measured run; 'pred' is the performance model's prior. "
         f"Binding bound: {v.binding.label()}.",
         "",
-        "| # | config | state | SLO | tok/s/GPU | pred | pred err | TTFT p95 | ITL p95 | E2E p95 | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| # | config | state | SLO | tok/s/GPU | pred | pred err | "
+        + "".join(f"{x.label} p95 | " for x in LATENCY_METRICS)
+        + "note |",
+        "|---|---|---|---|---|---|---|" + "---|" * (len(LATENCY_METRICS) + 1),
         *[_row(t) for t in executed],
         "",
     ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infertune_tuner.request import METRIC_LABELS, SloBound, TuningRequest
+from infertune_tuner.metrics import latency_metric
+from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.result import Report, Trial
 
 
@@ -29,7 +30,7 @@ class View:
     @property
     def axis_label(self) -> str:
         b = self.binding
-        return f"{METRIC_LABELS[b.metric]} {b.percentile} (ms)"
+        return f"{latency_metric(b.metric).label} {b.percentile} (ms)"
 
 
 def binding_bound(report: Report, request: TuningRequest) -> SloBound:

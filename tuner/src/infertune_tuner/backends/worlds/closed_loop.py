@@ -23,17 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from infertune_tuner.backends.worlds.physics import MAX_NUM_TOKENS, Knobs, Steps
+from infertune_tuner.metrics import E2E, ITL, TTFT
 from infertune_tuner.perfmodel.latency import Percentiles
-from infertune_tuner.worlds.physics import MAX_NUM_TOKENS, Knobs, Steps
 
 PCTS = (50.0, 95.0, 99.0)
 
 
 @dataclass(frozen=True, slots=True)
 class LoopResult:
-    ttft_ms: Percentiles
-    itl_ms: Percentiles
-    e2e_ms: Percentiles
+    latency: dict[str, Percentiles]  # by metric key (metrics.LATENCY_METRICS)
     output_tokens_per_s: float
     requests: int
     duration_s: float
@@ -117,9 +116,7 @@ def run_loop(
     e2e = ttft_all + (osl - 1) * itl
     tps = b * osl / float(service.mean()) * 1e3
     return LoopResult(
-        ttft_ms=_pcts(ttft_all),
-        itl_ms=_pcts(itl),
-        e2e_ms=_pcts(e2e),
+        latency={TTFT.key: _pcts(ttft_all), ITL.key: _pcts(itl), E2E.key: _pcts(e2e)},
         output_tokens_per_s=tps,
         requests=n,
         duration_s=n / max_batch * float(e2e.mean()) / 1e3,

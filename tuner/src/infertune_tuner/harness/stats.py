@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles
 
 MAX_ERROR_SAMPLES = 5
@@ -131,7 +132,8 @@ def summarize(values_ms: Iterable[float]) -> Summary | None:
 
 @dataclass(frozen=True)
 class BenchResult:
-    """The outcome of one load-generator run over the measured (non-warm-up) requests."""
+    """The outcome of one load-generator run over the measured (non-warm-up) requests: a
+    Summary per latency metric of ``metrics.LATENCY_METRICS`` (None when nothing completed)."""
 
     requests: int  # completed without error
     errors: int
@@ -161,9 +163,7 @@ class BenchResult:
             "requests": self.requests,
             "errors": self.errors,
             "error_samples": list(self.error_samples),
-            "ttft_ms": d(self.ttft_ms),
-            "itl_ms": d(self.itl_ms),
-            "e2e_ms": d(self.e2e_ms),
+            **{m.key: d(m.of(self)) for m in LATENCY_METRICS},
             "itl_mean_per_request_ms": d(self.itl_mean_per_request_ms),
             "output_tokens": self.output_tokens,
             "output_tokens_per_s": self.output_tokens_per_s,

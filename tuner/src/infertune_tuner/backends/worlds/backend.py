@@ -14,13 +14,13 @@ from collections import Counter
 import numpy as np
 
 from infertune_tuner.backends.simulated import SimulatedBackend
+from infertune_tuner.backends.worlds import physics
+from infertune_tuner.backends.worlds.closed_loop import run_loop
+from infertune_tuner.backends.worlds.families import FAMILIES, knobs_for
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.measurement import Measurement, trial_requests
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.worlds import physics
-from infertune_tuner.worlds.closed_loop import run_loop
-from infertune_tuner.worlds.families import FAMILIES, knobs_for
 
 TRUTH_REQUESTS = 20000  # a population-sized sample: what production would see
 
@@ -62,14 +62,10 @@ class WorldBackend:
         s = physics.steps(self._model, self._gpu, cfg, b, self._isl, self._osl, k)
         n = requests or trial_requests(cfg.max_batch_size, self._percentiles)
         r = run_loop(s, cfg.max_batch_size, self._isl, self._osl, k, rng, requests=n, noisy=noisy)
-        return Measurement(
-            status="ok",
-            ttft_ms=r.ttft_ms,
-            itl_ms=r.itl_ms,
-            e2e_ms=r.e2e_ms,
+        return Measurement.ok(
+            r.latency,
             output_tokens_per_s_per_gpu=r.output_tokens_per_s / cfg.tp,
             requests=r.requests,
-            errors=0,
             duration_s=r.duration_s,
             concurrency=b,
         )

@@ -5,7 +5,7 @@ curves in ways the prior does not know (see families.py for what each family sta
 `infertune tune --backend world:FAMILY` runs a tuning against one of them.
 """
 
-from infertune_tuner.worlds.backend import WorldBackend
-from infertune_tuner.worlds.families import FAMILIES
+from infertune_tuner.backends.worlds.backend import WorldBackend
+from infertune_tuner.backends.worlds.families import FAMILIES
 
 __all__ = ["FAMILIES", "WorldBackend"]

@@ -1,0 +1,78 @@
+"""What a person sees from `infertune`: the version, help, a resumed study, the progress."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from infertune_operator import __version__
+from infertune_operator.cli import app
+from infertune_operator.cli_progress import TuneProgress
+from infertune_tuner.backends import BACKEND_HELP
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.run import StudyStart
+from infertune_tuner.strategy import Known
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "llama2-70b-h100.yaml"
+
+
+def test_version(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"infertune {__version__}"
+
+
+def test_help_has_no_placeholders_and_lists_every_backend(cli: CliRunner) -> None:
+    for command in ("tune", "render", "validate", "predict", "simserver", "bench", "operator"):
+        text = cli.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
+        assert "<bool>" not in text, command
+        assert not re.search(r"\{\w+\}", text.split("\n\n")[0] + text), command
+    usage = cli.invoke(app, ["tune", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "Usage: infertune tune [OPTIONS] SPEC" in usage
+    assert BACKEND_HELP in " ".join(usage.split())
+
+
+def test_a_rerun_says_it_resumes_the_study(tmp_path: Path, cli: CliRunner) -> None:
+    args = ["tune", str(EXAMPLE), "--out", str(tmp_path)]
+    first = cli.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "Resuming" not in first.stderr
+    again = cli.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert f"Resuming the study in {tmp_path}" in " ".join(again.stderr.split())
+    executed = re.search(r"(\d+) trials executed, (\d+) of them by an earlier run", again.stdout)
+    assert executed and executed.group(1) == executed.group(2)  # nothing ran twice
+    assert "Resumed an earlier study" in (tmp_path / "report.md").read_text()
+
+
+def test_the_progress_ends_with_why_the_search_stopped(tmp_path: Path, cli: CliRunner) -> None:
+    result = cli.invoke(app, ["tune", str(EXAMPLE), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stderr.split())  # rich wraps long lines
+    ending = text[text.rfind("tuning:") :]
+    assert re.fullmatch(r"tuning: \d+ trials executed; converged: .*", ending)
+
+
+def test_the_progress_shows_the_phase_of_a_long_trial_and_its_elapsed_time() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=160, color_system=None)
+    shown = TuneProgress(Path("out"), console=console)
+    shown.start(StudyStart("s", resumed_trials=0, max_trials=40))
+    cfg = TrialConfig(2, 64, "fp8", "auto")
+    shown.phase(cfg, "loading model")
+    assert shown._progress is not None
+    shown._progress.refresh()
+    assert re.search(r"tp2/bs64/fp8/kv-auto.*loading model \d+ s", out.getvalue())
+    shown.trial(cfg, Measurement.failed("oom", "CUDA out of memory"), [], Known())
+    shown._progress.refresh()
+    assert "1/40" in out.getvalue() and "oom" in out.getvalue()
+    shown.finish("budget: maxTrials (1) executed")
+    assert (
+        out.getvalue().rstrip().endswith("tuning: 1 trial executed; budget: maxTrials (1) executed")
+    )

@@ -1,0 +1,88 @@
+"""What every infertune command line shares: error reporting, help style, choices.
+
+Two programs use it: ``infertune`` (its commands live in ``infertune_operator.cli*``) and the
+simulated server's own entry point (``python -m infertune_tuner.harness.simserver``), which is
+the same Typer command as ``infertune simserver``.
+
+* An :class:`~infertune_tuner.errors.InputError` raised anywhere in a command, or while Typer
+  converts an option (see :func:`one_of`), becomes ``error: <message>`` on stderr and the
+  error's exit code, never a traceback. This happens once, in :class:`Group` / :class:`Command`,
+  not in each command.
+* Help shows no ``<bool>`` placeholder after a flag and names arguments ``SPEC``, not ``{spec}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, get_args
+
+import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup
+
+from infertune_tuner.config import KvCacheDtype, Quantization
+from infertune_tuner.errors import InputError
+
+
+class _Conventions:
+    """Mixed into Typer's command classes (first in the MRO)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)  # type: ignore[misc]
+        except InputError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""  # a flag takes no value: no `<bool>` after it
+        return params
+
+
+class Group(_Conventions, TyperGroup):
+    """The ``infertune`` command group."""
+
+
+class Command(_Conventions, TyperCommand):
+    """One command; the usage line names its arguments in capitals, optional ones in [ ]."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = (param.metavar or param.name or "ARG").upper()
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+
+def one_of(literal: Any, option: str, noun: str) -> dict[str, Any]:
+    """``typer.Option`` keywords for a choice among a ``Literal``'s values.
+
+    The values are listed in the help, and any other value is an InputError naming the option
+    and the known values (``--quant: unknown quantization 'int3'; known: bf16, fp16, ...``).
+    """
+    choices: tuple[str, ...] = get_args(literal)
+
+    def parse(value: str) -> str:
+        if value not in choices:
+            raise InputError(f"{option}: unknown {noun} {value!r}; known: {', '.join(choices)}")
+        return value
+
+    return {"parser": parse, "metavar": "|".join(choices)}
+
+
+# The precision options of `predict` and `simserver` (parameters named `quant` and `kv_dtype`).
+QuantOption = Annotated[
+    str, typer.Option(help="Quantization.", **one_of(Quantization, "--quant", "quantization"))
+]
+KvDtypeOption = Annotated[
+    str,
+    typer.Option(help="KV-cache dtype.", **one_of(KvCacheDtype, "--kv-dtype", "KV-cache dtype")),
+]
+
+
+def command(app: typer.Typer, func: Callable[..., Any], name: str | None = None) -> None:
+    """Register ``func`` on ``app`` as a :class:`Command` (the one way commands are added)."""
+    app.command(name, cls=Command)(func)

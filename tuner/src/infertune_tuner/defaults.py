@@ -1,0 +1,28 @@
+"""Every default of a tuning run, in one place (the API models, the request, the operator's
+settings and the CLI all read them here).
+
+The one default that depends on where infertune runs is the backend: on a cluster an unset
+``spec.tuning.backend`` means real trials (:data:`CLUSTER_BACKEND`, overridable for a whole
+operator with ``INFERTUNE_DEFAULT_BACKEND``), while ``infertune tune`` on a laptop has no GPU to
+run them on and uses the simulated pool (:data:`LOCAL_BACKEND`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MAX_TRIALS: Final = 40  # a cap on executed trials, not a target
+PARALLELISM: Final = 1
+SAMPLER: Final = "auto"  # model-guided (strategy.py)
+CLUSTER_BACKEND: Final = "triton"
+LOCAL_BACKEND: Final = "simulated"
+SEED: Final = 0
+
+MAX_GPUS_PER_REPLICA: Final = 8
+MAX_ACCURACY_LOSS_PERCENT: Final = 1.0
+# The search space when spec.search leaves a dimension out. fp16 is left out: the model cannot
+# tell it from bf16, and it never wins on the same GPU.
+TENSOR_PARALLEL: Final = (1, 2, 4, 8)
+MAX_BATCH_SIZE: Final = (1, 4, 8, 16, 32, 64, 128, 256)
+QUANTIZATION: Final = ("bf16", "fp8", "w4a16_awq", "w4a8_awq", "nvfp4")
+KV_CACHE_DTYPE: Final = ("auto", "fp8")

@@ -1,0 +1,56 @@
+"""`infertune simserver`: one command, two entry points.
+
+``infertune`` registers :func:`simserver` with its other commands, and
+``python -m infertune_tuner.harness.simserver`` runs it alone (the tuner's tests and benchmarks
+start servers that way: no console script on PATH needed). Loading this module loads no gRPC.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from infertune_tuner.cli_support import KvDtypeOption, QuantOption, command
+
+
+def simserver(
+    model: Annotated[str, typer.Option(help="Catalog key or Hugging Face id.")],
+    gpu: Annotated[str, typer.Option(help="GPU catalog key or product label.")],
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Engine max batch size.")],
+    port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
+    http_port: Annotated[int, typer.Option(help="HTTP health port (-1: none).")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+    tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
+    quant: QuantOption = "bf16",
+    kv_dtype: KvDtypeOption = "auto",
+    served_model: Annotated[str, typer.Option(help="Model name clients use.")] = "llm",
+    time_scale: Annotated[
+        float, typer.Option(help="Multiply all modelled times (0.1 = 10x faster).")
+    ] = 1.0,
+    architecture: Annotated[
+        str | None, typer.Option(help="JSON transformer shape for a model not in the catalog.")
+    ] = None,
+) -> None:
+    """Serve a simulated Triton (KServe v2 gRPC, decoupled streaming) timed by the model.
+
+    Exits 1 with a CUDA-OOM-like message when the weights do not fit, as a real server dies.
+    """
+    from infertune_tuner.harness import simserver as sim
+
+    cfg = sim.build_config(
+        model=model, gpu=gpu, tp=tp, max_batch=max_batch, quant=quant, kv_dtype=kv_dtype,
+        served_model=served_model, time_scale=time_scale, host=host, port=port,
+        http_port=http_port if http_port >= 0 else None,
+        architecture=sim.parse_architecture(architecture),
+    )  # fmt: skip
+    code = sim.run(cfg)
+    if code:
+        raise typer.Exit(code)
+
+
+def main() -> None:
+    """Run :func:`simserver` as a program of its own."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    command(app, simserver)
+    app(prog_name="simserver")
