@@ -1,28 +1,49 @@
-"""How well each sampler finds the best SLO-feasible configuration, and at what cost.
+"""How well each sampler finds the best SLO-feasible configuration on pools unlike the model.
 
-Scenarios mix GPUs, models, workloads and SLOs over spaces of ~100-300 configurations. Each runs
-against a simulated GPU pool whose "truth" is perturbed away from the prior (every efficiency
-factor x one "software stack" factor in [0.7, 1.5], then each jittered by up to +-35 %, the runtime
-memory reserve shifted by up to +-0.75 GiB), so the
-model-guided search cannot win merely because prior and truth are the same function.
+Scenarios mix GPUs, models, workloads and SLOs (TTFT/ITL/E2E bounds at p50/p95/p99) over spaces
+of ~100-300 configurations. Each runs against simulated pools of every world family
+(`infertune_tuner.backends.worlds`): generators with their own formulas and memory accounting, each
+exaggerating one real effect the roofline prior has no term for (prefill stalls, all-reduce
+latency, FP8/INT4 gains that move with batch, a memory frontier elsewhere, CUDA-graph gaps,
+noise and outliers), plus `own-model` (the prior with perturbed factors, the old benchmark).
 
-The true optimum of a run is the best SLO-feasible tok/s/GPU over *every* configuration of the
-space measured on that same pool. Prints, per sampler: share of runs reaching >= 98 % of it,
-median and p90 executed trials, and executed configs the memory model could have ruled out.
+The truth of a configuration is what a typical run of it shows on the pool (`WorldBackend.truth`:
+no run noise, a population-sized sample). Measurements carry run-to-run noise (1-4 %, more in the
+tails), so whether a configuration whose truth lies within two run-to-run standard deviations of
+an SLO bound meets it is something no benchmark resolves in a few runs: such a configuration may
+be chosen, and it is not required to be found. So each configuration gets a resolution zone of
+max(2 %, 2 x its run-to-run standard deviation) around the bounds (estimated from 5 extra runs
+of every configuration near a bound); the optimum a run is scored against is the best true
+tok/s/GPU among configurations that meet every bound by more than their zone, and a run
+*reaches* it when the chosen configuration truly meets every bound within its zone and its true
+tok/s/GPU is >= 98 % of that optimum. The strict score (optimum = best configuration meeting
+every bound by any margin; chosen must truly meet every bound within 2 %) is printed beside it. Prints, per sampler and per
+family: share of runs reaching it, median and p90 executed trials (confirmations included),
+executed configurations the memory model rules out by a wide margin, and for `auto` how well
+its stated confidence is calibrated (of the runs that stopped claiming >= 95 %, the share that
+reached the optimum).
 
-    python benchmarks/tuner_efficiency.py [--seeds 3] [--budget 40] [--samplers auto,tpe,random,grid]
+    python benchmarks/tuner_efficiency.py [--seeds 5] [--budget 40]
+        [--samplers auto,tpe,random,grid] [--families admission,...] [--verbose]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
-from infertune_tuner.backends.simulated import SimulatedBackend
+from infertune_tuner import slo as slo_mod
+from infertune_tuner.backends.worlds import FAMILIES, WorldBackend
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.memory_fit import memory_margin, ruled_out
 from infertune_tuner.request import (
     GpuRef,
     ModelRef,
@@ -34,10 +55,11 @@ from infertune_tuner.request import (
 )  # fmt: skip
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.space import build_space
-from infertune_tuner.strategy import Known
 
 B11 = [1, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 B12 = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+SLO_TOLERANCE = 0.02  # a chosen configuration may miss a bound by this much in truth
+REACH = 0.98
 
 
 def slo(*bounds: tuple[str, str, float]) -> list[SloBound]:
@@ -93,68 +115,174 @@ def request_for(sc: tuple, sampler: str, seed: int, budget: int) -> TuningReques
     )  # fmt: skip
 
 
-def true_optimum(request: TuningRequest, backend: SimulatedBackend) -> float:
-    from infertune_tuner import slo as slo_mod
+@dataclass
+class Truth:
+    optimum: float  # best true tok/s/GPU meeting every bound by more than its zone; 0 = none
+    strict: float  # best true tok/s/GPU meeting every bound by any margin
+    world: WorldBackend
+    zone: dict[TrialConfig, float]  # resolution zone per configuration (relative)
+    margin: dict[TrialConfig, float]  # true worst relative margin over the bounds (>0 = meets)
+    tps: dict[TrialConfig, float]
 
-    model, gpu = request.resolve_model(), request.resolve_gpu()
-    best = 0.0
-    for cfg in build_space(request, model, gpu).configs:
-        m = backend.run(cfg)
-        checks = slo_mod.check(request, m)
-        if checks and all(c.ok for c in checks):
-            best = max(best, m.output_tokens_per_s_per_gpu or 0.0)
-    return best
+    def value(self, cfg: TrialConfig | None) -> tuple[float, bool, bool]:
+        """True tok/s/GPU of `cfg`, whether it truly meets every bound within its zone, and
+        whether it does within the strict 2 %."""
+        if cfg is None or cfg not in self.margin:
+            return 0.0, False, False
+        m = self.margin[cfg]
+        return self.tps[cfg], m >= -self.zone[cfg], m >= -SLO_TOLERANCE
+
+
+NOISE_RUNS = 5
+
+
+def _margin(request: TuningRequest, m: Measurement) -> float | None:
+    checks = slo_mod.check(request, m)
+    return -max(slo_mod.constraint_values(checks)) if checks else None
+
+
+def truth_for(request: TuningRequest, family: str, seed: int) -> Truth:
+    world = WorldBackend(request, family, seed=seed)
+    noise_probe = WorldBackend(request, family, seed=seed)
+    t = Truth(0.0, 0.0, world, {}, {}, {})
+    for cfg in build_space(request, request.resolve_model(), request.resolve_gpu()).configs:
+        m = world.truth(cfg)
+        margin = _margin(request, m)
+        if margin is None:
+            continue
+        t.margin[cfg], t.tps[cfg] = margin, m.output_tokens_per_s_per_gpu or 0.0
+        zone = SLO_TOLERANCE
+        if abs(margin) < 0.25:
+            runs = [noise_probe.run(cfg) for _ in range(NOISE_RUNS)]
+            logs = [
+                [math.log(max(v, 1e-9)) for v in values]
+                for values in zip(*(_bound_values(request, r) for r in runs), strict=True)
+            ]
+            zone = max(zone, 2 * max(statistics.pstdev(v) for v in logs))
+        t.zone[cfg] = zone
+        if margin >= 0:
+            t.strict = max(t.strict, t.tps[cfg])
+        if margin >= zone:
+            t.optimum = max(t.optimum, t.tps[cfg])
+    return t
+
+
+def _bound_values(request: TuningRequest, m: Measurement) -> list[float]:
+    out = []
+    for b in request.slo:
+        p = m.percentiles(b.metric)
+        out.append(p.get(b.percentile) if p else float("inf"))
+    out.append(m.output_tokens_per_s_per_gpu or 0.0)
+    return out
+
+
+@dataclass
+class Run:
+    family: str
+    reached: bool
+    strict: bool
+    executed: int
+    wide_margin_executed: int
+    confidence: float | None
+
+
+def _p90(xs: list[int]) -> int:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(0.9 * len(s)))]
+
+
+def _row(label: str, rows: list[Run]) -> str:
+    share = sum(r.reached for r in rows) / len(rows)
+    strict = sum(r.strict for r in rows) / len(rows)
+    trials = [r.executed for r in rows]
+    wide = sum(r.wide_margin_executed for r in rows)
+    confident = [r for r in rows if r.confidence is not None and r.confidence >= 0.95]
+    calib = (
+        f"{sum(r.reached for r in confident) / len(confident):>6.0%} of {len(confident):>3}"
+        if confident
+        else f"{'-':>13}"
+    )
+    return (
+        f"{label:14} {len(rows):>5} {share:>9.0%} {strict:>7.0%} {statistics.median(trials):>8.1f} "
+        f"{_p90(trials):>5} {wide:>6} {calib}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--samplers", default="auto,tpe,random,grid")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--scenarios", default="", help="comma-separated scenario indexes")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     samplers = args.samplers.split(",")
-    results: dict[str, list[tuple[bool, int, int]]] = {s: [] for s in samplers}
+    families = args.families.split(",")
+    scenarios = (
+        [SCENARIOS[int(i)] for i in args.scenarios.split(",")] if args.scenarios else SCENARIOS
+    )
+    results: dict[str, list[Run]] = defaultdict(list)
     started = time.perf_counter()
     sizes = []
-    for sc in SCENARIOS:
-        for seed in range(args.seeds):
-            base = request_for(sc, "auto", seed, args.budget)
-            truth = SimulatedBackend.perturbed(base, seed=seed)
-            optimum = true_optimum(base, truth)
-            space = build_space(base, base.resolve_model(), base.resolve_gpu())
-            priors = prior_predictions(base, space)
-            sizes.append(len(space))
-            for sampler in samplers:
-                req = request_for(sc, sampler, seed, args.budget)
-                executed: list = []
+    for sc in scenarios:
+        for family in families:
+            for seed in range(args.seeds):
+                base = request_for(sc, "auto", seed, args.budget)
+                truth = truth_for(base, family, seed)
+                space = build_space(base, base.resolve_model(), base.resolve_gpu())
+                priors = prior_predictions(base, space)
+                gpu_mem = base.resolve_gpu().memory_gib
+                margins = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
+                sizes.append(len(space))
+                for sampler in samplers:
+                    req = request_for(sc, sampler, seed, args.budget)
+                    executed: list[TrialConfig] = []
 
-                def hook(cfg, m, checks, known: Known, executed=executed) -> None:  # type: ignore[no-untyped-def]
-                    executed.append(cfg)
+                    def hook(cfg, m, checks, known, executed=executed) -> None:  # type: ignore[no-untyped-def]
+                        executed.append(cfg)
 
-                with tempfile.TemporaryDirectory() as tmp:
-                    report = tune(req, backend=SimulatedBackend.perturbed(req, seed=seed),
-                                  out_dir=Path(tmp), on_trial=hook)  # fmt: skip
-                got = report.best.metrics.output_tokens_per_s_per_gpu if report.best else 0.0
-                reached = (optimum == 0.0 and got == 0.0) or (optimum > 0 and got >= 0.98 * optimum)
-                ruled_out = sum(1 for c in executed if not priors[c].fits)
-                results[sampler].append((reached, report.executed_trials, ruled_out))
-                if args.verbose:
-                    print(f"{sc[0]:28} seed {seed} {sampler:6} trials {report.executed_trials:3} "
-                          f"best {got:7.0f} optimum {optimum:7.0f} {'ok' if reached else 'MISS'}",
-                          file=sys.stderr)  # fmt: skip
-    runs = len(SCENARIOS) * args.seeds
-    print(f"{len(SCENARIOS)} scenarios x {args.seeds} seeds = {runs} runs per sampler; "
-          f"space sizes {min(sizes)}-{max(sizes)} (median {statistics.median(sizes):.0f}); "
-          f"budget {args.budget}; {time.perf_counter() - started:.0f} s")  # fmt: skip
-    print(f"{'sampler':8} {'>=98% of optimum':>17} {'median trials':>14} {'p90 trials':>11} "
-          f"{'ruled-out executed':>19}")  # fmt: skip
-    for s, rows in results.items():
-        share = sum(r[0] for r in rows) / len(rows)
-        trials = sorted(r[1] for r in rows)
-        p90 = trials[min(len(trials) - 1, int(0.9 * len(trials)))]
-        print(f"{s:8} {share:>16.0%} {statistics.median(trials):>14.1f} {p90:>11} "
-              f"{sum(r[2] for r in rows):>19}")  # fmt: skip
+                    with tempfile.TemporaryDirectory() as tmp:
+                        report = tune(req, backend=WorldBackend(req, family, seed=seed),
+                                      out_dir=Path(tmp), on_trial=hook)  # fmt: skip
+                    chosen = report.best.config.to_config() if report.best else None
+                    got, ok, ok_strict = truth.value(chosen)
+                    if truth.optimum == 0.0:
+                        reached = chosen is None or ok
+                    else:
+                        reached = ok and got >= REACH * truth.optimum
+                    if truth.strict == 0.0:
+                        strict = chosen is None or ok_strict
+                    else:
+                        strict = ok_strict and got >= REACH * truth.strict
+                    wide = sum(1 for c in executed if ruled_out(margins[c]))
+                    confidence = report.confidence
+                    results[sampler].append(
+                        Run(family, reached, strict, report.executed_trials, wide, confidence)
+                    )
+                    if args.verbose:
+                        print(f"{sc[0]:26} {family:12} s{seed} {sampler:6} "
+                              f"trials {report.executed_trials:3} got {got:7.0f}{'' if ok else '!'} "
+                              f"opt {truth.optimum:7.0f} conf {confidence if confidence is not None else '-'} "
+                              f"{'ok' if reached else 'MISS'} | {report.stopped_reason[:60]}",
+                              file=sys.stderr)  # fmt: skip
+    runs = len(scenarios) * len(families) * args.seeds
+    print(f"{len(scenarios)} scenarios x {len(families)} world families x {args.seeds} seeds = "
+          f"{runs} runs per sampler; space sizes {min(sizes)}-{max(sizes)} "
+          f"(median {statistics.median(sizes):.0f}); budget {args.budget}; "
+          f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+    head = (f"{'':14} {'runs':>5} {'>=98% opt':>9} {'strict':>7} {'median':>8} {'p90':>5} {'wide':>6} "
+            f"{'calibration':>13}")  # fmt: skip
+    for sampler, rows in results.items():
+        print(f"\n[{sampler}]  trials executed (confirmations included); wide = executed configs "
+              "the memory model rules out by a wide margin; calibration = runs that reached the "
+              "optimum among those claiming >= 95 % confidence")  # fmt: skip
+        print(head)
+        print(_row("all", rows))
+        for family in families:
+            fam_rows = [r for r in rows if r.family == family]
+            if fam_rows:
+                print(_row(family, fam_rows))
 
 
 if __name__ == "__main__":

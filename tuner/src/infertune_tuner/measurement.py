@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -10,6 +11,25 @@ from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.latency import Percentiles
 
 TrialStatus = Literal["ok", "oom", "error"]
+CAPPED_SHARE = 0.98  # a peak below this share of the max batch: some requests waited for KV room
+MAX_TURN_REQUESTS = 1024  # several turns of a large batch: enough for a stable steady state
+MAX_REQUESTS_PER_TRIAL = 2048
+# A tail percentile is only as good as the requests beyond it: keep at least this many.
+SAMPLES_BEYOND_PERCENTILE = 20
+_QUANTILE = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+def trial_requests(max_batch_size: int, percentiles: Iterable[str] = ()) -> int:
+    """Requests one trial measures: several full turns of the batch (4 x max batch, at least
+    64, at most MAX_TURN_REQUESTS), and enough for the highest bounded percentile to rest on
+    SAMPLES_BEYOND_PERCENTILE requests beyond it (a p99 bound: 2000), at most
+    MAX_REQUESTS_PER_TRIAL."""
+    need = min(max(4 * max_batch_size, 64), MAX_TURN_REQUESTS)
+    for p in percentiles:
+        need = max(need, math.ceil(SAMPLES_BEYOND_PERCENTILE / (1 - _QUANTILE[p]) - 1e-9))
+    return min(need, MAX_REQUESTS_PER_TRIAL)
+
+
 # The phases of a real trial, in order (progress reports; a simulated trial has none).
 TrialPhase = Literal["starting server", "loading model", "warm-up", "measuring"]
 
@@ -27,6 +47,17 @@ class Measurement:
     errors: int = 0
     reason: str | None = None  # why it failed: OOM message, log tail, "not in table"
     duration_s: float = 0.0
+    # The most requests seen decoding at once. Below the max batch when the KV cache could not
+    # hold max-batch sequences and the server queued the rest (None: not observed).
+    concurrency: float | None = None
+
+    def capped(self, max_batch_size: int) -> bool:
+        """Whether the server ran fewer sequences at once than the max batch (KV-limited)."""
+        return (
+            self.status == "ok"
+            and self.concurrency is not None
+            and self.concurrency < CAPPED_SHARE * max_batch_size
+        )
 
     @classmethod
     def failed(cls, status: TrialStatus, reason: str) -> Measurement:
@@ -42,6 +73,7 @@ class Measurement:
         errors: int = 0,
         reason: str | None = None,
         duration_s: float = 0.0,
+        concurrency: float | None = None,
     ) -> Measurement:
         """A successful trial from each registered latency metric's percentiles (by key)."""
         for key in latency:
@@ -50,6 +82,7 @@ class Measurement:
         return cls(
             status="ok", **fields, output_tokens_per_s_per_gpu=output_tokens_per_s_per_gpu,
             requests=requests, errors=errors, reason=reason, duration_s=duration_s,
+            concurrency=concurrency,
         )  # fmt: skip
 
     def percentiles(self, metric: str) -> Percentiles | None:

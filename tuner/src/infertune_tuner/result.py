@@ -113,12 +113,39 @@ class Trial(Record):
     reason: str | None = None
     slo_checks: list[SloCheck] = Field(default_factory=list)
     duration_s: float | None = None
+    purpose: str | None = None  # explore | probe | confirm (a re-measurement of a finalist)
 
 
 class Best(Record):
+    """The chosen configuration. With repeats, `metrics` holds the mean tok/s/GPU and the worse
+    repeat of every latency percentile (what the SLO was checked against)."""
+
     config: ConfigOut
     metrics: Metrics
     trial: int
+    repeats: int = 1
+    # Relative spread (max - min) / mean between repeats, per quantity ("tok/s/GPU", "E2E p95").
+    noise: dict[str, float] = Field(default_factory=dict)
+
+
+UntriedKind = Literal["memory", "neighbour", "twin", "fit", "slo", "posterior", "stopped"]
+
+
+class UntriedConfig(Record):
+    config: str  # label, e.g. tp8/bs64/fp8/kv-auto
+    detail: str | None = None
+    p_beat: float | None = None  # posterior P(fits, meets the SLO and beats the best by > 2 %)
+
+
+class UntriedGroup(Record):
+    """Configurations of the space that were never measured, grouped by why."""
+
+    kind: UntriedKind
+    reason: str
+    count: int
+    by_tp: dict[str, int]
+    max_p_beat: float | None = None
+    configs: list[UntriedConfig] = Field(default_factory=list)
 
 
 class Excluded(Record):
@@ -152,6 +179,9 @@ class Report(Record):
     resumed_trials: int = 0  # of the executed ones, how many an earlier run left in the study
     nearest_misses: list[NearMiss] = Field(default_factory=list)
     stopped_reason: str
+    # Posterior probability that no untried configuration beats the best by more than 2 %.
+    confidence: float | None = None
+    untried: list[UntriedGroup] = Field(default_factory=list)
     duration_s: float
     generated_at: str
     infertune_version: str

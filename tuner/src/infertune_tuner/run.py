@@ -20,8 +20,10 @@ from infertune_tuner import __version__, defaults, slo
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.known import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.metrics import LATENCY_METRICS
+from infertune_tuner.memory_fit import ruled_out
+from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import (
@@ -39,12 +41,13 @@ from infertune_tuner.search import (
     Search,
     current_trials,
     executed_trials,
-    make_sampler,
+    known_from,
     open_storage,
     study_name,
 )
 from infertune_tuner.space import SearchSpace, build_space
-from infertune_tuner.strategy import Known, implied_infeasible
+from infertune_tuner.strategy import Planner
+from infertune_tuner.untried import untried_groups
 
 log = logging.getLogger(__name__)
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
@@ -77,6 +80,24 @@ def _state(m: Measurement) -> str:
     return {"ok": "complete", "oom": "oom"}.get(m.status, "failed")
 
 
+def _noise(runs: list[Measurement], request: TuningRequest) -> dict[str, float]:
+    """Relative spread (max - min) / mean between a configuration's repeats."""
+    ok = [m for m in runs if m.status == "ok"]
+    if len(ok) < 2:
+        return {}
+
+    def spread(xs: list[float]) -> float:
+        mean = sum(xs) / len(xs)
+        return round((max(xs) - min(xs)) / mean, 4) if mean else 0.0
+
+    out = {OBJECTIVE.label: spread([OBJECTIVE.of(m) or 0.0 for m in ok])}
+    for b in request.slo:
+        vals = [p.get(b.percentile) for m in ok if (p := m.percentiles(b.metric))]
+        if len(vals) == len(ok):
+            out[f"{latency_metric(b.metric).label} {b.percentile}"] = spread(vals)
+    return out
+
+
 def build_report(
     request: TuningRequest,
     space: SearchSpace,
@@ -87,15 +108,17 @@ def build_report(
     stopped_reason: str,
     duration_s: float,
     run: str | None = None,
+    planner: Planner | None = None,
 ) -> Report:
+    planner = planner or Planner(request, space, priors, seed=request.tuning.seed or 0)
+    executed = current_trials(study, run)
+    known = known_from(request, study, run)
+    known.in_flight.clear()
     trials: list[Trial] = []
-    known = Known()
     resumed = 0  # trials an earlier run of the same study executed
-    for e in current_trials(study, run):
+    for e in executed:
         if run is not None and e.run != run:
             resumed += 1
-        known.measured[e.config] = e.measurement
-        known.checks[e.config] = e.checks
         p = priors.get(e.config)
         trials.append(
             Trial(
@@ -109,16 +132,22 @@ def build_report(
                 reason=e.measurement.reason,
                 slo_checks=e.checks,
                 duration_s=round(e.measurement.duration_s, 3) or None,
+                purpose=e.purpose,
             )
         )
+    assessment = planner.assess(known, include_in_flight=False)
     number = max((t.number for t in trials), default=-1) + 1
     for cfg in space.configs:
         if cfg in known.measured:
             continue
         p = priors[cfg]
-        reason = p.memory.reason if not p.fits else implied_infeasible(cfg, known)
+        reason: str | None
+        if ruled_out(planner.margin[cfg]):
+            reason = p.memory.reason or "does not fit in GPU memory"
+        else:
+            reason = implied_infeasible(cfg, known)
         if reason is None:
-            continue  # untried: never ruled out, the search simply did not need it
+            continue  # a candidate the search did not need: see the untried groups
         trials.append(
             Trial(
                 number=number,
@@ -131,36 +160,36 @@ def build_report(
         )
         number += 1
 
-    feasible = [t for t in trials if t.executed and t.slo_ok and t.metrics]
     best = None
-    if feasible:
-        top = max(
-            feasible,
-            key=lambda t: (
-                t.metrics.output_tokens_per_s_per_gpu if t.metrics else 0.0,
-                -t.config.tp,
-                -t.number,
-            ),
+    top = known.best()
+    if top is not None:
+        metrics = _metrics(known.measured[top])
+        assert metrics is not None
+        last = max(e.number for e in executed if e.config == top)
+        best = Best(
+            config=ConfigOut.of(top),
+            metrics=metrics,
+            trial=last,
+            repeats=known.repeats(top),
+            noise=_noise(known.runs[top], request),
         )
-        assert top.metrics is not None
-        best = Best(config=top.config, metrics=top.metrics, trial=top.number)
     misses: list[NearMiss] = []
     if best is None:
-        measured = [t for t in trials if t.executed and t.metrics and t.slo_checks]
-
-        def worst(t: Trial) -> float:
-            return max(slo.constraint_values(t.slo_checks))
-
-        for t in sorted(measured, key=worst)[:3]:
-            assert t.metrics is not None
+        measured = [
+            (c, m) for c, m in known.measured.items() if _metrics(m) and known.checks.get(c)
+        ]
+        for cfg, m in sorted(
+            measured, key=lambda cm: max(slo.constraint_values(known.checks[cm[0]]))
+        )[:3]:
             misses.append(
                 NearMiss(
-                    trial=t.number,
-                    config=t.config,
-                    output_tokens_per_s_per_gpu=t.metrics.output_tokens_per_s_per_gpu,
-                    violations=slo.describe_violations(t.slo_checks),
+                    trial=max(e.number for e in executed if e.config == cfg),
+                    config=ConfigOut.of(cfg),
+                    output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
+                    violations=slo.describe_violations(known.checks[cfg]),
                 )
             )
+    converged = stopped_reason.startswith("converged")
     return Report(
         request=request.dump(),
         backend=backend,
@@ -169,10 +198,12 @@ def build_report(
         excluded=[Excluded(field=e.field, value=e.value, reason=e.reason) for e in space.excluded],
         trials=trials,
         best=best,
-        executed_trials=sum(1 for t in trials if t.executed),
+        executed_trials=len(executed),
         resumed_trials=resumed,
         nearest_misses=misses,
         stopped_reason=stopped_reason,
+        confidence=round(assessment.confidence, 4),
+        untried=untried_groups(planner, known, assessment, converged=converged),
         duration_s=round(duration_s, 3),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         infertune_version=__version__,
@@ -242,7 +273,6 @@ def tune(
     study = optuna.create_study(
         study_name=study_name(request, backend_name),
         storage=open_storage(request, out_dir),
-        sampler=make_sampler(request.tuning.sampler, space, seed),
         direction="maximize",
         load_if_exists=True,
     )
@@ -262,7 +292,7 @@ def tune(
     return build_report(
         request, space, priors, outcome.study, backend=backend_name,
         stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
-        run=search.run_id,
+        run=search.run_id, planner=search.planner,
     )  # fmt: skip
 
 

@@ -1,14 +1,15 @@
-"""The Optuna study: workers that pick a configuration, measure it and record it.
+"""The Optuna study: an objective that measures one configuration, driven by `study.optimize`.
 
 Every executed trial lives in the study (default: an Optuna journal file in the output
 directory; an RDB URL when given), with its configuration, measurement and SLO checks as user
 attributes. Re-running the same request resumes the study: a completed trial is never repeated,
 and a trial left RUNNING by an interrupted single-worker run is marked failed and retried.
-`parallelism` > 1 runs that many workers against the same storage.
+`parallelism` > 1 runs that many workers (threads, one backend each) on the same study.
 
-Samplers: `auto` (model-guided, see strategy.py; Optuna records what it enqueues), `tpe`
-(constraint-aware TPE), `random`, `grid`. A sampler's suggestion that the memory model rules out,
-or that was already measured, is told to the study as PRUNED and costs no budget.
+Samplers (sampler.py): `auto` (model-guided, strategy.py), or Optuna's `tpe` (constraint-aware),
+`random` and `grid` wrapped so that they never propose what the memory model or the measurements
+rule out. A proposal that still cannot run (the search is done, the budget is spent) is told to
+the study as PRUNED and costs no budget.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
-import threading
+import queue
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +29,34 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import TrialState
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
 
 from infertune_tuner import slo
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.known import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
+from infertune_tuner.memory_fit import ruled_out
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
+from infertune_tuner.sampler import (
+    STOP_REASON,
+    AutoSampler,
+    BudgetCallback,
+    SkipRuledOut,
+    config_of,
+    make_base_sampler,
+    stop,
+)
 from infertune_tuner.space import SearchSpace
-from infertune_tuner.strategy import Known, implied_infeasible, propose
+from infertune_tuner.strategy import Planner
 
 log = logging.getLogger(__name__)
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by the tuner itself
 
-MAX_CONSECUTIVE_SKIPS = 25  # a sampler stuck on tried configs falls back to an untried one
 # The first trials all failing with `error` (not OOM) means the set-up is broken (server not
 # found, no checkpoint, no GPU): stop instead of burning the whole budget on the same failure.
 ABORT_AFTER_ERRORS = 3
@@ -56,6 +67,11 @@ ATTR_CHECKS = "slo_checks"
 ATTR_CONSTRAINTS = "constraints"
 ATTR_SKIP = "skipped"
 ATTR_RUN = "run"
+ATTR_PURPOSE = "purpose"
+
+
+class TrialFailed(Exception):
+    """The configuration ran out of memory or failed: recorded, the search goes on."""
 
 
 def study_name(request: TuningRequest, backend: str) -> str:
@@ -82,20 +98,6 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     }
 
 
-def make_sampler(name: str, space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
-        # Constraint-aware: each SLO bound is recorded with Trial.set_constraint (<= 0 = met).
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
-    if name == "grid":
-        grid: dict[str, Sequence[Any]] = {
-            k: list(v.choices)  # type: ignore[attr-defined]
-            for k, v in distributions(space).items()
-        }
-        return optuna.samplers.GridSampler(grid, seed=seed)
-    # `auto` enqueues its own choices; the random sampler only covers fallbacks.
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
 # ------------------------------------------------------------------ (de)serialising measurements
 
 
@@ -111,6 +113,7 @@ def measurement_to_attr(m: Measurement) -> dict[str, Any]:
         "errors": m.errors,
         "reason": m.reason,
         "duration_s": m.duration_s,
+        "concurrency": m.concurrency,
     }
 
 
@@ -126,15 +129,7 @@ def measurement_from_attr(d: dict[str, Any]) -> Measurement:
         errors=d.get("errors", 0),
         reason=d.get("reason"),
         duration_s=d.get("duration_s", 0.0),
-    )
-
-
-def config_of(params: dict[str, Any]) -> TrialConfig:
-    return TrialConfig(
-        int(params["tp"]),
-        int(params["max_batch_size"]),
-        str(params["quantization"]),
-        str(params["kv_cache_dtype"]),
+        concurrency=d.get("concurrency"),
     )
 
 
@@ -145,68 +140,71 @@ class ExecutedTrial:
     measurement: Measurement
     checks: list[SloCheck]
     run: str | None = None
+    purpose: str = "explore"
 
 
-def executed_trials(study: optuna.Study) -> list[ExecutedTrial]:
+def _executed(t: FrozenTrial) -> ExecutedTrial | None:
+    if ATTR_MEASUREMENT not in t.user_attrs or ATTR_CONFIG not in t.user_attrs:
+        return None
+    return ExecutedTrial(
+        t.number,
+        config_of(t.user_attrs[ATTR_CONFIG]),
+        measurement_from_attr(t.user_attrs[ATTR_MEASUREMENT]),
+        [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
+        t.user_attrs.get(ATTR_RUN),
+        t.user_attrs.get(ATTR_PURPOSE, "explore"),
+    )
+
+
+def executed_trials(study: Study) -> list[ExecutedTrial]:
     out = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and ATTR_MEASUREMENT in t.user_attrs:
-            out.append(
-                ExecutedTrial(
-                    t.number,
-                    config_of(t.user_attrs[ATTR_CONFIG]),
-                    measurement_from_attr(t.user_attrs[ATTR_MEASUREMENT]),
-                    [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
-                    t.user_attrs.get(ATTR_RUN),
-                )
-            )
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if (e := _executed(t)) is not None:
+            out.append(e)
     return out
 
 
-def current_trials(study: optuna.Study, run: str | None = None) -> list[ExecutedTrial]:
-    """The executed trials that count, one per configuration (the latest), in trial order.
+def current_trials(
+    study: Study, run: str | None = None, extra: FrozenTrial | None = None
+) -> list[ExecutedTrial]:
+    """The executed trials that count, in trial order (repeats of a configuration included).
 
     Trials that failed with `error` in an *earlier* run are left out, so a re-run after fixing
     the set-up (server command, checkpoint) retries them; OOMs and measurements are kept for
-    good (the study keeps everything)."""
-    latest: dict[TrialConfig, ExecutedTrial] = {}
-    for e in executed_trials(study):
-        if run is not None and e.measurement.status == "error" and e.run != run:
-            continue
-        latest[e.config] = e
-    return sorted(latest.values(), key=lambda e: e.number)
+    good (the study keeps everything). `extra`: a trial just measured but not yet told."""
+    trials = executed_trials(study)
+    if extra is not None and (e := _executed(extra)) is not None:
+        trials = [t for t in trials if t.number != e.number] + [e]
+    out = [
+        e
+        for e in trials
+        if not (run is not None and e.measurement.status == "error" and e.run != run)
+    ]
+    return sorted(out, key=lambda e: e.number)
 
 
-def known_from(study: optuna.Study, run: str | None = None) -> Known:
-    """What the study knows: current measurements and the configurations in flight."""
-    known = Known()
-    for e in current_trials(study, run):
-        known.measured[e.config] = e.measurement
-        known.checks[e.config] = e.checks
+def known_from(
+    request: TuningRequest, study: Study, run: str | None = None, extra: FrozenTrial | None = None
+) -> Known:
+    """What the study knows: every current measurement and the configurations in flight."""
+    runs: dict[TrialConfig, list[Measurement]] = {}
+    for e in current_trials(study, run, extra):
+        runs.setdefault(e.config, []).append(e.measurement)
+    in_flight = set()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if ATTR_CONFIG in t.user_attrs:
-            known.in_flight.add(config_of(t.user_attrs[ATTR_CONFIG]))
-    return known
+        if ATTR_CONFIG in t.user_attrs and (extra is None or t.number != extra.number):
+            in_flight.add(config_of(t.user_attrs[ATTR_CONFIG]))
+    return Known.build(request, runs, in_flight)
 
 
-# ------------------------------------------------------------------ the worker loop
+# ------------------------------------------------------------------ the search
 
 
 @dataclass
 class SearchOutcome:
     stopped_reason: str
-    study: optuna.Study
-
-
-@dataclass
-class _Shared:
-    stop_reason: str | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def stop(self, reason: str) -> None:
-        with self.lock:
-            if self.stop_reason is None:
-                self.stop_reason = reason
+    study: Study
+    confidence: float | None
 
 
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
@@ -218,7 +216,7 @@ class Search:
         request: TuningRequest,
         space: SearchSpace,
         priors: dict[TrialConfig, Prediction],
-        study: optuna.Study,
+        study: Study,
         *,
         seed: int,
         on_trial: OnTrial | None = None,
@@ -227,18 +225,37 @@ class Search:
         self.request = request
         self.space = space
         self.priors = priors
-        self.fits = [c for c in space.configs if priors[c].fits]
-        self.fit_set = set(self.fits)
         self.study = study
-        self.sampler_name = request.tuning.sampler
-        self.dists = distributions(space)
         self.max_trials = request.tuning.max_trials
-        self.rng = random.Random(seed)
         self.on_trial = on_trial
         self.deadline = deadline
-        self._shared = _Shared()
-        self._ask_lock = threading.Lock()
         self.run_id = uuid.uuid4().hex
+        self.dists = distributions(space)
+        self.planner = Planner(request, space, priors, seed=seed)
+        self.auto: AutoSampler | None = None
+        if request.tuning.sampler == "auto":
+            self.auto = AutoSampler(
+                self.planner, self.dists, self.known, budget=self.max_trials, seed=seed
+            )
+            study.sampler = self.auto
+        else:
+            base = make_base_sampler(request.tuning.sampler, self.dists, seed)
+            study.sampler = SkipRuledOut(base, self.admissible, self.dists, seed=seed)
+
+    def known(self, study: Study, extra: FrozenTrial | None = None) -> Known:
+        return known_from(self.request, study, self.run_id, extra)
+
+    def admissible(self, study: Study) -> set[TrialConfig]:
+        """Configurations a wrapped sampler may propose: not ruled out, not measured, not running."""
+        known = self.known(study)
+        return {
+            c
+            for c in self.space.configs
+            if not ruled_out(self.planner.margin[c])
+            and c not in known.measured
+            and c not in known.in_flight
+            and implied_infeasible(c, known) is None
+        }
 
     # -- resume
 
@@ -246,61 +263,18 @@ class Search:
         """Mark trials a killed single-worker run left RUNNING as failed (they will be rerun)."""
         stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         for t in stale:
-            self.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
             self.study.tell(t.number, state=TrialState.FAIL)
         return len(stale)
 
-    # -- choosing
+    # -- one trial
 
-    def _untried(self, known: Known) -> list[TrialConfig]:
-        return [
-            c
-            for c in self.fits
-            if c not in known.measured
-            and c not in known.in_flight
-            and implied_infeasible(c, known) is None
-        ]
+    def _skip(self, trial: optuna.Trial, cfg: TrialConfig, why: str, *, done: bool) -> None:
+        trial.set_user_attr(ATTR_SKIP, f"{cfg.label()}: {why}")
+        if done:
+            stop(self.study, why)
+        raise optuna.TrialPruned(why)
 
-    def _next(self, known: Known) -> tuple[optuna.trial.Trial | None, TrialConfig | None]:
-        untried = self._untried(known)
-        if not untried:
-            self._shared.stop("every configuration that could fit has been measured or ruled out")
-            return None, None
-        if self.sampler_name == "auto":
-            cfg, why = propose(self.request, untried, self.priors, known)
-            if cfg is None:
-                self._shared.stop(why)
-                return None, None
-            return self._ask_fixed(cfg), cfg
-        skips = 0
-        untried_set = set(untried)
-        while True:
-            trial = self.study.ask(self.dists)
-            cfg = config_of(trial.params)
-            if cfg in untried_set:
-                return trial, cfg
-            reason = (
-                self.priors[cfg].memory.reason
-                if cfg not in self.fit_set
-                else implied_infeasible(cfg, known) or "already measured"
-            )
-            trial.set_user_attr(ATTR_SKIP, f"{cfg.label()}: {reason}")
-            self.study.tell(trial, state=TrialState.PRUNED)
-            skips += 1
-            if skips >= MAX_CONSECUTIVE_SKIPS:
-                cfg = self.rng.choice(untried)
-                return self._ask_fixed(cfg), cfg
-
-    def _ask_fixed(self, cfg: TrialConfig) -> optuna.trial.Trial:
-        self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=False)
-        trial = self.study.ask(self.dists)
-        return trial
-
-    # -- running
-
-    def _record(
-        self, trial: optuna.trial.Trial, cfg: TrialConfig, m: Measurement
-    ) -> list[SloCheck]:
+    def _record(self, trial: optuna.Trial, m: Measurement) -> list[SloCheck]:
         checks = slo.check(self.request, m)
         trial.set_user_attr(ATTR_MEASUREMENT, measurement_to_attr(m))
         trial.set_user_attr(ATTR_CHECKS, [c.model_dump() for c in checks])
@@ -308,60 +282,97 @@ class Search:
         trial.set_user_attr(ATTR_CONSTRAINTS, values)
         for c, v in zip(checks, values, strict=True):
             trial.set_constraint(f"{c.metric}/{c.percentile}", v)
-        if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
-            self.study.tell(trial, m.output_tokens_per_s_per_gpu)
-        else:
-            self.study.tell(trial, state=TrialState.FAIL)
         return checks
 
-    def worker(self, backend: BenchmarkBackend) -> None:
-        while self._shared.stop_reason is None:
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                self._shared.stop("timeout: spec.tuning.timeoutMinutes reached")
-                break
-            with self._ask_lock:
-                known = known_from(self.study, self.run_id)
-                if known.executed + len(known.in_flight) >= self.max_trials:
-                    if not known.in_flight:
-                        self._shared.stop(f"budget: maxTrials ({self.max_trials}) executed")
-                    break
-                trial, cfg = self._next(known)
-                if trial is None or cfg is None:
-                    break
-                trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
-                trial.set_user_attr(ATTR_RUN, self.run_id)
-                pred = self.priors.get(cfg)
-                if pred is not None:
-                    trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
+    def _objective(
+        self, backends: queue.Queue[BenchmarkBackend]
+    ) -> Callable[[optuna.Trial], float]:
+        def objective(trial: optuna.Trial) -> float:
+            params = {k: trial.suggest_categorical(k, d.choices) for k, d in self.dists.items()}  # type: ignore[attr-defined]
+            cfg = config_of(params)
+            purpose = "explore"
+            if self.auto is not None:
+                decision = self.auto.decisions.pop(trial.number, None)
+                if decision is None or decision.config != cfg:
+                    reason = decision.stop_reason if decision else None
+                    self._skip(trial, cfg, reason or "nothing to measure now", done=True)
+                assert decision is not None
+                purpose = decision.purpose
+            known = self.known(self.study)
+            if known.executed + len(known.in_flight) >= self.max_trials:
+                self._skip(trial, cfg, f"budget: maxTrials ({self.max_trials}) executed", done=True)
+            trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
+            trial.set_user_attr(ATTR_RUN, self.run_id)
+            trial.set_user_attr(ATTR_PURPOSE, purpose)
+            if (pred := self.priors.get(cfg)) is not None:
+                trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
+            backend = backends.get()
             try:
                 m = backend.run(cfg)
             except Exception as exc:  # a backend bug must not lose the study
                 log.exception("trial %s crashed", cfg.label())
                 m = Measurement.failed("error", f"backend crashed: {exc!r}")
-            with self._ask_lock:
-                checks = self._record(trial, cfg, m)
-                known = known_from(self.study, self.run_id)
-                if self.on_trial is not None:
-                    self.on_trial(cfg, m, checks, known)
-                statuses = [x.status for x in known.measured.values()]
-                if len(statuses) >= ABORT_AFTER_ERRORS and all(x == "error" for x in statuses):
-                    self._shared.stop(
-                        f"{ABORTED}: the first {len(statuses)} trials all failed; last: {m.reason}"
-                    )
+            finally:
+                backends.put(backend)
+            checks = self._record(trial, m)
+            if self.on_trial is not None:
+                known = self.known(self.study)
+                known = Known.build(
+                    self.request,
+                    {**known.runs, cfg: [*known.runs.get(cfg, []), m]},
+                    known.in_flight - {cfg},
+                )
+                self.on_trial(cfg, m, checks, known)
+            if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
+                return m.output_tokens_per_s_per_gpu
+            raise TrialFailed(m.reason or m.status)
+
+        return objective
+
+    def _abort_on_errors(self, study: Study, trial: FrozenTrial) -> None:
+        statuses = [m.status for m in self.known(study).measured.values()]
+        if len(statuses) >= ABORT_AFTER_ERRORS and all(s == "error" for s in statuses):
+            last = trial.user_attrs.get(ATTR_MEASUREMENT, {}).get("reason")
+            stop(study, f"{ABORTED}: the first {len(statuses)} trials all failed; last: {last}")
 
     def run(self, backends: list[BenchmarkBackend]) -> SearchOutcome:
-        if len(backends) == 1:
-            self.worker(backends[0])
-        else:
-            threads = [
-                threading.Thread(target=self.worker, args=(b,), name=f"tuner-worker-{i}")
-                for i, b in enumerate(backends)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        reason = self._shared.stop_reason
-        if reason is None:
-            reason = f"budget: maxTrials ({self.max_trials}) executed"
-        return SearchOutcome(reason, self.study)
+        pool: queue.Queue[BenchmarkBackend] = queue.Queue()
+        for b in backends:
+            pool.put(b)
+        first = self._first_check()
+        if first is None:
+            timeout = None if self.deadline is None else max(self.deadline - time.monotonic(), 0)
+            self._clear_stop_reason()
+            self.study.optimize(
+                self._objective(pool),
+                n_jobs=len(backends),
+                catch=(TrialFailed,),
+                callbacks=[BudgetCallback(self.max_trials, self._count), self._abort_on_errors],
+                timeout=timeout,
+            )
+        reason = first or self.study.user_attrs.get(STOP_REASON) or self._timeout_or_budget()
+        confidence = self.planner.assess(self.known(self.study)).confidence
+        return SearchOutcome(reason, self.study, confidence)
+
+    def _count(self, study: Study) -> int:
+        return self.known(study).executed
+
+    def _first_check(self) -> str | None:
+        """A reason not to start at all (budget spent, or nothing left to do on resume)."""
+        known = self.known(self.study)
+        if known.executed >= self.max_trials:
+            return f"budget: maxTrials ({self.max_trials}) executed"
+        if self.auto is not None and known.executed:
+            d = self.planner.decide(known, remaining=self.max_trials - known.executed)
+            return d.stop_reason
+        return None
+
+    def _clear_stop_reason(self) -> None:
+        # A re-run after a stop decides afresh (a bigger budget, a fixed set-up).
+        if self.study.user_attrs.get(STOP_REASON) is not None:
+            self.study.set_user_attr(STOP_REASON, None)
+
+    def _timeout_or_budget(self) -> str:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "timeout: spec.tuning.timeoutMinutes reached"
+        return f"budget: maxTrials ({self.max_trials}) executed"

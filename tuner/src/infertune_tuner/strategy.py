@@ -1,215 +1,325 @@
-"""What is known so far, what it rules out, and the model-guided (`auto`) choice of the next trial.
+"""The model-guided (`auto`) search: what to measure next, when to stop, how sure it is.
 
-Rules that skip a configuration without running it (they cost no budget):
-- memory: the memory model says it cannot fit (`infeasible_predicted`);
-- OOM dominance: it is at least as large in every memory dimension (same or lower TP, same or
-  larger batch, same or wider weights and KV) as a configuration that ran out of memory;
-- SLO dominance: same TP/precision as a measured configuration that missed a latency bound by
-  more than the measurement noise (5 %), with a larger max batch (latency only grows with
-  batch), or a smaller batch than one that missed the throughput floor.
+Every configuration the memory model does not rule out by a wide margin is a candidate. For the
+untried candidates the posterior (posterior.py: the performance model as the mean, a Gaussian
+process on the log-errors of the measurements) and the memory-fit model (memory_fit.py) are
+sampled *jointly*; in each draw a candidate *succeeds* when it fits in memory and meets every
+SLO bound, and *beats* the best when it also exceeds the best measured feasible tok/s/GPU by more
+than `IMPROVEMENT` (2 %). From the draws:
 
-`auto` ranks every untried, unruled configuration by the prior corrected with the measurements
-so far: expected improvement over the best feasible measured tok/s/GPU times the probability of
-meeting every SLO bound. It stops when no configuration can plausibly beat the best measured one.
+- confidence = P(no untried candidate beats the best): the probability the optimum was found;
+- the next trial is the candidate with the largest expected gain E[(tok/s/GPU - best*1.02)+ *
+  success];
+- the search stops when P(some untried candidate beats the best) < `STOP_PROBABILITY` (5 %),
+  after confirming the winner: the best configuration, and every finalist whose SLO margin is
+  within measurement noise, is measured a second time and judged on its worse repeat.
+
+While nothing feasible has been measured, "beats" means "succeeds"; the search measures at least
+`MIN_PROBES` configurations (the ones most likely to meet the SLO) before it concludes that
+nothing can, since the prior itself may be what is wrong.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
-from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
+import numpy as np
+from scipy.special import ndtr
+
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.correction import Correction
-from infertune_tuner.measurement import Measurement
-from infertune_tuner.metrics import latency_metric
+from infertune_tuner.known import Known, implied_infeasible, measured_twin
+from infertune_tuner.memory_fit import FitModel, memory_margin, ruled_out
+from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
+from infertune_tuner.posterior import Observation, Quantity, learned_noise
 from infertune_tuner.request import SloBound, TuningRequest
-from infertune_tuner.result import SloCheck
+from infertune_tuner.space import SearchSpace
 
-MIN_FEASIBLE_PROBABILITY = 0.08
-# A bound missed by less than this is within measurement noise: it rules out no neighbours.
-DOMINANCE_MARGIN = 0.05
-IMPROVEMENT_MARGIN = 1.01  # chasing gains under 1 % is not worth a GPU trial
-OPTIMISM_SIGMAS = 1.0
-# When the prior says nothing can meet the SLO we still measure the closest few before giving
-# up: the prior may be wrong, and the user needs measured nearest misses, not guesses.
-CONFIRMATION_TRIALS = 3
+IMPROVEMENT = 0.02  # gains under 2 % are within measurement noise: not worth a GPU trial
+STOP_PROBABILITY = 0.05
+MIN_PROBES = 3
+CONFIRM_MARGIN = 0.05  # an SLO margin under this is within the noise of a p95/p99
+DRAWS = 768
+# Candidates whose marginal chance to beat the incumbent is below this are not drawn jointly.
+NEGLIGIBLE = 1e-3
+JOINT_AT_LEAST = 8
 
-
-@dataclass
-class Known:
-    """Everything measured or in flight, as the study records it."""
-
-    measured: dict[TrialConfig, Measurement] = field(default_factory=dict)
-    checks: dict[TrialConfig, list[SloCheck]] = field(default_factory=dict)
-    in_flight: set[TrialConfig] = field(default_factory=set)
-
-    @property
-    def executed(self) -> int:
-        return len(self.measured)
-
-    def feasible(self) -> dict[TrialConfig, Measurement]:
-        return {
-            c: m
-            for c, m in self.measured.items()
-            if m.status == "ok" and all(ch.ok for ch in self.checks.get(c, []))
-        }
-
-    def best_tps(self) -> float:
-        return max(
-            (m.output_tokens_per_s_per_gpu or 0.0 for m in self.feasible().values()), default=0.0
-        )
+Purpose = Literal["explore", "confirm", "probe"]
 
 
-def _mem_dims(c: TrialConfig) -> tuple[float, float, float, float]:
-    # Larger = needs more memory per GPU.
-    return (
-        -c.tp,
-        c.max_batch_size,
-        QUANTIZATIONS[c.quantization].weight_bytes,
-        KV_DTYPE_BYTES[c.kv_cache_dtype],
-    )
-
-
-def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
-    """A reason `cfg` need not run, given what was measured; None if it still might."""
-    dims = _mem_dims(cfg)
-    for other, m in known.measured.items():
-        if m.status == "oom" and all(a >= b for a, b in zip(dims, _mem_dims(other), strict=True)):
-            return f"at least as large in memory as {other.label()}, which ran out of memory"
-        if m.status != "ok" or (other.tp, other.quantization, other.kv_cache_dtype) != (
-            cfg.tp,
-            cfg.quantization,
-            cfg.kv_cache_dtype,
-        ):
-            continue
-        for ch in known.checks.get(other, []):
-            if ch.ok or _within_noise(ch):
-                continue
-            if ch.metric == "output_tokens_per_s_per_gpu":
-                if cfg.max_batch_size < other.max_batch_size:
-                    return f"smaller batch than {other.label()}, which missed {ch.bound}"
-            elif cfg.max_batch_size > other.max_batch_size:
-                return f"larger batch than {other.label()}, which missed {ch.bound}"
-    return None
-
-
-def _twin(c: TrialConfig) -> tuple[object, ...]:
-    """Configurations the model cannot tell apart (bf16 vs fp16 weights): one probe covers both."""
-    q = QUANTIZATIONS[c.quantization]
-    return (c.tp, c.max_batch_size, q.weight_bytes, q.compute, c.kv_cache_dtype)
-
-
-def _within_noise(ch: SloCheck) -> bool:
-    if ch.metric == "output_tokens_per_s_per_gpu":
-        return ch.value_ms >= ch.limit_ms * (1 - DOMINANCE_MARGIN)
-    return ch.value_ms <= ch.limit_ms * (1 + DOMINANCE_MARGIN)
-
-
-def _phi(x: float) -> float:
-    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
-
-
-@dataclass(frozen=True)
-class Candidate:
-    config: TrialConfig
-    tps: float  # corrected prediction
-    p_feasible: float
-    score: float
-    potential: float
-    violation: float  # predicted worst log(value / bound) over the SLO bounds; <= 0 = meets
-
-
-def _key(b: SloBound) -> str:
-    """The correction-model quantity of one SLO bound, e.g. 'e2e_ms/p95'."""
+def bound_key(b: SloBound) -> str:
+    """The posterior quantity of one SLO bound, e.g. 'e2e_ms/p95'."""
     return f"{b.metric}/{b.percentile}"
 
 
-def correction_rows(
-    request: TuningRequest, known: Known, priors: dict[TrialConfig, Prediction]
-) -> list[tuple[TrialConfig, dict[str, float]]]:
-    rows = []
-    for cfg, m in known.measured.items():
-        p = priors.get(cfg)
-        if p is None or m.status != "ok" or not m.output_tokens_per_s_per_gpu:
-            continue
-        d = {"tps": math.log(m.output_tokens_per_s_per_gpu / p.output_tokens_per_s_per_gpu)}
-        for b in request.slo:
-            mp, pp = m.percentiles(b.metric), latency_metric(b.metric).of(p)
-            if mp is not None:
-                d[_key(b)] = math.log(
-                    max(mp.get(b.percentile), 1e-6) / max(pp.get(b.percentile), 1e-6)
-                )
-        rows.append((cfg, d))
-    return rows
+def _predicted(p: Prediction, b: SloBound) -> float:
+    return max(float(latency_metric(b.metric).of(p).get(b.percentile)), 1e-6)
 
 
-def rank(
-    request: TuningRequest,
-    candidates: list[TrialConfig],
-    priors: dict[TrialConfig, Prediction],
-    correction: Correction,
-    best: float,
-) -> list[Candidate]:
-    out = []
-    s_tps = correction.sigma("tps")
-    for cfg in candidates:
-        p = priors[cfg]
-        tps = correction.apply("tps", cfg, p.output_tokens_per_s_per_gpu)
-        p_feas = 1.0
-        violation = -math.inf
-        for b in request.slo:
-            predicted = latency_metric(b.metric).of(p).get(b.percentile)
-            lat = correction.apply(_key(b), cfg, predicted)
-            p_feas *= _phi(math.log(b.max_ms / lat) / correction.sigma(_key(b)))
-            violation = max(violation, math.log(lat / b.max_ms))
-        if request.min_output_tokens_per_s_per_gpu:
-            p_feas *= _phi(math.log(tps / request.min_output_tokens_per_s_per_gpu) / s_tps)
-            violation = max(violation, math.log(request.min_output_tokens_per_s_per_gpu / tps))
-        # Expected improvement of a log-normal tok/s over the best feasible measured one.
-        if best > 0:
-            d2 = math.log(tps / best) / s_tps
-            ei = tps * math.exp(s_tps**2 / 2) * _phi(d2 + s_tps) - best * _phi(d2)
+@dataclass(frozen=True)
+class Decision:
+    """What to do next: measure `config` (for `purpose`), or stop (`stop_reason`)."""
+
+    config: TrialConfig | None
+    purpose: Purpose = "explore"
+    stop_reason: str | None = None
+    confidence: float | None = None
+
+
+@dataclass
+class Assessment:
+    """The joint posterior over the configurations that could still change the answer.
+
+    Indexes refer to `pool`: the untried candidates, then the in-flight configurations, then
+    the measured feasible ones (whose true tok/s/GPU is known only up to measurement noise)."""
+
+    best: TrialConfig | None
+    best_tps: float
+    candidates: list[TrialConfig]  # untried, not ruled out
+    pool: list[TrialConfig]
+    p_beat: np.ndarray  # P(succeeds and beats the incumbent by > IMPROVEMENT)
+    p_success: np.ndarray  # P(fits and meets every SLO bound); 1 for measured feasible ones
+    p_fit: np.ndarray
+    gain: np.ndarray  # expected gain over incumbent * (1 + IMPROVEMENT)
+    p_any: float  # P(some configuration, measured or not, beats the incumbent)
+    p_untried: float  # P(some untried or in-flight configuration beats the incumbent)
+    ruled: dict[TrialConfig, str] = field(default_factory=dict)  # why a config is no candidate
+
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.p_any
+
+    def of(self, cfg: TrialConfig) -> int | None:
+        try:
+            return self.pool.index(cfg)
+        except ValueError:
+            return None
+
+
+class Planner:
+    """Ranks candidates and applies the stop rule for one request (pure: no Optuna, no I/O)."""
+
+    def __init__(
+        self,
+        request: TuningRequest,
+        space: SearchSpace,
+        priors: dict[TrialConfig, Prediction],
+        *,
+        seed: int = 0,
+        draws: int = DRAWS,
+    ) -> None:
+        self.request = request
+        self.priors = priors
+        self.seed = seed
+        self.draws = draws
+        gpu_mem = request.resolve_gpu().memory_gib
+        self.margin = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
+        self.universe = [c for c in space.configs if not ruled_out(self.margin[c])]
+        self.keys = [bound_key(b) for b in request.slo]
+
+    # -- the posterior
+
+    def _quantities(self, known: Known) -> dict[str, Quantity]:
+        obs: dict[str, list[Observation]] = {"tps": []}
+        obs.update({k: [] for k in self.keys})
+        reps: dict[str, list[list[float]]] = {k: [] for k in obs}
+        for cfg, runs in known.runs.items():
+            ok = [m for m in runs if m.status == "ok" and m.output_tokens_per_s_per_gpu]
+            p = self.priors.get(cfg)
+            if not ok or p is None or known.measured[cfg].status != "ok":
+                continue
+            if any(m.capped(cfg.max_batch_size) for m in ok):
+                continue  # queueing behind a full KV cache, not the model's shape: memory evidence
+            logs = [
+                math.log((m.output_tokens_per_s_per_gpu or 0.0) / p.output_tokens_per_s_per_gpu)
+                for m in ok
+            ]
+            reps["tps"].append(logs)
+            obs["tps"].append(Observation(cfg, sum(logs) / len(logs), len(logs)))
+            for b, key in zip(self.request.slo, self.keys, strict=True):
+                vals = [pm.get(b.percentile) for m in ok if (pm := m.percentiles(b.metric))]
+                if vals:
+                    logs = [math.log(max(v, 1e-6) / _predicted(p, b)) for v in vals]
+                    reps[key].append(logs)
+                    obs[key].append(Observation(cfg, sum(logs) / len(logs), len(logs)))
+        return {k: Quantity.fit(k, v, noise=learned_noise(k, reps[k])) for k, v in obs.items()}
+
+    def _fit_model(self, known: Known) -> FitModel:
+        """Fits = the KV cache held max-batch sequences: an OOM or a capped run says no."""
+        outcomes = [
+            (self.margin[c], m.status != "oom" and not m.capped(c.max_batch_size))
+            for c, m in known.measured.items()
+            if c in self.margin and m.status in ("ok", "oom")
+        ]
+        return FitModel.learn(outcomes)
+
+    def candidates(self, known: Known) -> tuple[list[TrialConfig], dict[TrialConfig, str]]:
+        """Untried candidates, and why every other unmeasured configuration is not one."""
+        out, ruled = [], {}
+        for c in self.universe:
+            if c in known.measured or c in known.in_flight:
+                continue
+            why = implied_infeasible(c, known)
+            if why is None and (t := measured_twin(c, known)) is not None:
+                why = f"the model cannot tell it from {t.label()}, which was measured"
+            if why is None:
+                out.append(c)
+            else:
+                ruled[c] = why
+        return out, ruled
+
+    def _marginal(
+        self, cands: list[TrialConfig], qs: dict[str, Quantity], fit: FitModel, threshold: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per candidate, ignoring correlations: P(success), P(fit) and P(beats `threshold`)."""
+        if not cands:
+            z = np.zeros(0)
+            return z, z, z
+        mean, sd = qs["tps"].marginal(cands)
+        sd = np.maximum(sd, 1e-9)
+        log_tps = np.log([self.priors[c].output_tokens_per_s_per_gpu for c in cands]) + mean
+        p = np.ones(len(cands))
+        for b, key in zip(self.request.slo, self.keys, strict=True):
+            mu, s = qs[key].marginal(cands)
+            pred = np.log([_predicted(self.priors[c], b) for c in cands]) + mu
+            p *= ndtr((math.log(b.max_ms) - pred) / np.maximum(s, 1e-9))
+        floor = self.request.min_output_tokens_per_s_per_gpu
+        if floor is not None:
+            p *= ndtr((log_tps - math.log(floor)) / sd)
+        p_fit = fit.probability(np.array([self.margin[c] for c in cands]))
+        p_success = p * p_fit
+        if threshold <= 0:
+            return p_success, p_fit, p_success
+        return p_success, p_fit, p_success * ndtr((log_tps - math.log(threshold)) / sd)
+
+    def assess(self, known: Known, *, include_in_flight: bool = True) -> Assessment:
+        """Sample the posterior jointly over the untried, in-flight and measured feasible.
+
+        Candidates whose marginal chance to beat the incumbent is negligible (< `NEGLIGIBLE`,
+        with the incumbent's own noise allowed for) are left out of the joint draws; they keep
+        their marginal probabilities."""
+        cands, ruled = self.candidates(known)
+        flying = sorted(known.in_flight - set(known.measured)) if include_in_flight else []
+        best = known.best()
+        feasible = sorted(known.feasible())
+        qs = self._quantities(known)
+        fit_model = self._fit_model(known)
+        slack = 0.0
+        if best is not None:
+            slack = 3 * float(qs["tps"].marginal([best])[1][0])
+        threshold = known.best_tps() * (1 + IMPROVEMENT) * math.exp(-slack)
+        m_success, m_fit, m_beat = self._marginal(cands, qs, fit_model, threshold)
+        order = np.argsort(-m_beat, kind="stable")
+        keep = [i for i in order if m_beat[i] >= NEGLIGIBLE] or list(order[:1])
+        keep = sorted(set(keep) | set(order[:JOINT_AT_LEAST].tolist()))
+        joint = [cands[i] for i in keep] + flying
+        pool = joint + feasible
+        n, m = self.draws, len(pool)
+        rng = np.random.default_rng([self.seed, known.executed, m])
+        prior_tps = np.array([self.priors[c].output_tokens_per_s_per_gpu for c in pool])
+        tps = prior_tps * np.exp(qs["tps"].sample(pool, n, rng))
+        untested = len(joint)
+        success = np.ones((n, m), dtype=bool)
+        for b, key in zip(self.request.slo, self.keys, strict=True):
+            pred = np.array([_predicted(self.priors[c], b) for c in joint])
+            lat = pred * np.exp(qs[key].sample(joint, n, rng))
+            success[:, :untested] &= lat <= b.max_ms
+        if self.request.min_output_tokens_per_s_per_gpu is not None:
+            success[:, :untested] &= (
+                tps[:, :untested] >= self.request.min_output_tokens_per_s_per_gpu
+            )
+        margins = np.array([self.margin[c] for c in joint])
+        delta = fit_model.sample(n, rng)
+        success[:, :untested] &= (margins[None, :] + delta[:, None]) > 0
+        if best is not None:
+            inc = pool.index(best)
+            line = (1 + IMPROVEMENT) * tps[:, inc : inc + 1]
+            beats = success & (tps > line)
+            beats[:, inc] = False
         else:
-            ei = tps
-        potential = tps * math.exp(OPTIMISM_SIGMAS * s_tps)
-        out.append(Candidate(cfg, tps, p_feas, p_feas * ei, potential, violation))
-    out.sort(key=lambda c: (-c.score, -c.tps, c.config))
-    return out
-
-
-def propose(
-    request: TuningRequest,
-    untried: list[TrialConfig],
-    priors: dict[TrialConfig, Prediction],
-    known: Known,
-) -> tuple[TrialConfig | None, str]:
-    """The next configuration to measure, or None and why the search is done."""
-    if not untried:
-        return None, "every configuration that could fit has been measured or ruled out"
-    correction = Correction.fit(correction_rows(request, known, priors))
-    best = known.best_tps()
-    ranked = rank(request, untried, priors, correction, best)
-    for c in ranked:
-        if c.p_feasible < MIN_FEASIBLE_PROBABILITY:
-            continue
-        if best > 0 and c.potential <= best * IMPROVEMENT_MARGIN:
-            continue
-        return c.config, ""
-    if best > 0:
-        return None, (
-            f"converged: no untried configuration can plausibly beat {best:.0f} tok/s/GPU "
-            "while meeting the SLO"
+            line = np.zeros((n, 1))
+            beats = success.copy()
+        gain = np.where(beats, tps - line, 0.0).mean(axis=0)
+        # Arrays over all candidates (marginal where not drawn jointly), then the rest of the pool.
+        full = cands + flying + feasible
+        p_beat = np.concatenate([m_beat, np.zeros(len(flying) + len(feasible))])
+        p_success = np.concatenate([m_success, np.ones(len(flying) + len(feasible))])
+        p_fit = np.concatenate([m_fit, np.ones(len(flying) + len(feasible))])
+        g = np.zeros(len(full))
+        for j, c in enumerate(pool):
+            i = full.index(c) if j >= len(keep) else keep[j]
+            p_beat[i], p_success[i], g[i] = beats[:, j].mean(), success[:, j].mean(), gain[j]
+        return Assessment(
+            best=best,
+            best_tps=known.best_tps(),
+            candidates=cands,
+            pool=full,
+            p_beat=p_beat,
+            p_success=p_success,
+            p_fit=p_fit,
+            gain=g,
+            p_any=float(beats.any(axis=1).mean()) if m else 0.0,
+            p_untried=float(beats[:, :untested].any(axis=1).mean()) if untested else 0.0,
+            ruled=ruled,
         )
-    probes = sum(1 for m in known.measured.values() if m.status == "ok")
-    measured_twins = {_twin(c) for c in known.measured}
-    fresh = [c for c in ranked if _twin(c.config) not in measured_twins]
-    if probes < CONFIRMATION_TRIALS and fresh:
-        # The configuration predicted to miss the SLO by the least (then the fastest).
-        closest = min(fresh, key=lambda c: (c.violation, -c.tps))
-        return closest.config, ""
-    return None, (
-        "no untried configuration is plausibly able to meet the SLO "
-        f"(the {probes} closest measured all missed it)"
-    )
+
+    # -- the decision
+
+    def _confirmations(self, known: Known, a: Assessment) -> list[TrialConfig]:
+        """What to re-measure (once) before declaring: the incumbent; every finalist within 2 %
+        of it whose SLO margin is within noise; every measured rival that noise may hide as
+        better than the incumbent (P(beats it) >= STOP_PROBABILITY)."""
+        if a.best is None:
+            return []
+        out = [a.best] if known.repeats(a.best) < 2 else []
+        for cfg, m in known.feasible().items():
+            if cfg == a.best or known.repeats(cfg) >= 2:
+                continue
+            i = a.of(cfg)
+            if i is not None and a.p_beat[i] >= STOP_PROBABILITY:
+                out.append(cfg)
+                continue
+            if (m.output_tokens_per_s_per_gpu or 0.0) * (1 + IMPROVEMENT) < a.best_tps:
+                continue
+            margins = [
+                (c.limit_ms - c.value_ms) / c.limit_ms
+                if c.metric != OBJECTIVE.key
+                else (c.value_ms - c.limit_ms) / c.limit_ms
+                for c in known.checks.get(cfg, [])
+            ]
+            if margins and min(margins) < CONFIRM_MARGIN:
+                out.append(cfg)
+        return out
+
+    def decide(self, known: Known, *, remaining: int | None = None) -> Decision:
+        """The next trial, or why to stop. `remaining`: trials left in the budget."""
+        a = self.assess(known)
+        conf = a.confidence
+        confirm = self._confirmations(known, a)
+        n_cands = len(a.candidates)
+        explore = a.p_untried >= STOP_PROBABILITY and n_cands > 0 and a.gain[:n_cands].max() > 0
+        if confirm and (not explore or remaining == 1):
+            return Decision(confirm[0], "confirm", confidence=conf)
+        if explore:
+            i = int(np.argmax(a.gain[:n_cands]))
+            return Decision(a.candidates[i], "explore", confidence=conf)
+        if known.in_flight:
+            return Decision(None, confidence=conf)  # wait: an in-flight trial may still win
+        probes = sum(1 for m in known.measured.values() if m.status == "ok")
+        if a.best is None and probes < MIN_PROBES and a.candidates:
+            i = int(np.argmax(a.p_success[: len(a.candidates)]))
+            return Decision(a.candidates[i], "probe", confidence=conf)
+        if a.best is not None:
+            return Decision(None, stop_reason=(
+                f"converged: P(an untried configuration beats {a.best_tps:.0f} tok/s/GPU by more "
+                f"than {IMPROVEMENT:.0%}) = {a.p_untried:.1%} < {STOP_PROBABILITY:.0%}; "
+                f"confidence the optimum was found: {conf:.1%}"
+            ), confidence=conf)  # fmt: skip
+        if not a.candidates and not known.measured:
+            return Decision(None, stop_reason="every configuration that could fit is ruled out")
+        return Decision(None, stop_reason=(
+            "no untried configuration is plausibly able to meet the SLO "
+            f"(P = {a.p_any:.1%}; the {probes} closest measured all missed it)"
+        ), confidence=conf)  # fmt: skip

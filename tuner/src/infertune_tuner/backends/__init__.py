@@ -8,7 +8,7 @@ from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import TuningRequest
 
-BACKEND_HELP = "simulated | simulated:perturbed | replay:PATH | triton"
+BACKEND_HELP = "simulated | simulated:perturbed | world:FAMILY | replay:PATH | triton"
 
 
 def make_backend(
@@ -30,6 +30,11 @@ def make_backend(
         from infertune_tuner.backends.simulated import SimulatedBackend
 
         return SimulatedBackend.perturbed(request, seed=seed)
+    if spec.startswith("world:"):
+        # A pool whose behaviour differs in form from the model (see infertune_tuner.backends.worlds).
+        from infertune_tuner.backends.worlds import WorldBackend
+
+        return WorldBackend(request, spec.removeprefix("world:"), seed=seed)
     if spec.startswith("replay:"):
         from infertune_tuner.backends.replay import ReplayBackend
 

@@ -6,7 +6,9 @@ metric of ``metrics.LATENCY_METRICS``):
     itl_p50_ms,itl_p95_ms,itl_p99_ms,e2e_p50_ms,e2e_p95_ms,e2e_p99_ms,output_tokens_per_s_per_gpu
 
 `status` is ok, oom or error. A configuration absent from the table is a failed trial
-("not in table"). Every replayed row counts as an executed trial.
+("not in table"). Every replayed row counts as an executed trial. An optional `concurrency`
+column holds the most requests seen decoding at once (below max_batch_size when the KV cache
+capped it).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def load_table(path: Path) -> dict[TrialConfig, Measurement]:
                 m = Measurement.ok(
                     {x.key: _percentiles(row, x, where) for x in LATENCY_METRICS},
                     output_tokens_per_s_per_gpu=float(row[OBJECTIVE.key]),
+                    concurrency=float(row["concurrency"]) if row.get("concurrency") else None,
                 )
             elif status in ("oom", "error"):
                 m = Measurement.failed(status, f"recorded as {status} in {path.name}")  # type: ignore[arg-type]
@@ -90,12 +93,13 @@ def write_table(path: Path, rows: dict[TrialConfig, Measurement]) -> None:
     """Write measurements in the replay format (used to record simulated or real runs)."""
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(COLUMNS)
+        w.writerow([*COLUMNS, "concurrency"])
         for cfg, m in rows.items():
             base = [cfg.tp, cfg.max_batch_size, cfg.quantization, cfg.kv_cache_dtype, m.status]
             measured = [m.percentiles(x.key) for x in LATENCY_METRICS]
             if m.status == "ok" and all(measured):
                 vals = [round(pct.get(p), 3) for pct in measured if pct for p in PERCENTILES]
-                w.writerow([*base, *vals, round(m.output_tokens_per_s_per_gpu or 0.0, 3)])
+                tps = round(m.output_tokens_per_s_per_gpu or 0.0, 3)
+                w.writerow([*base, *vals, tps, "" if m.concurrency is None else m.concurrency])
             else:
-                w.writerow(base + [""] * len(METRIC_COLUMNS))
+                w.writerow(base + [""] * (len(METRIC_COLUMNS) + 1))

@@ -2,7 +2,8 @@
 
 `truth` may differ from the prior the tuner ranks with (`perturbed_truth`), so tuner tests can't
 pass merely because prior and truth are the same function. Noise is deterministic per (seed,
-config): re-measuring a config returns the same numbers, like a replayed table.
+config, repeat): the first measurement of a configuration is always the same, and re-measuring
+it (a confirmation trial) draws the next repeat, as a second run on real GPUs would.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import statistics
+from collections import Counter
 from dataclasses import replace
 
 from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
-from infertune_tuner.measurement import Measurement
-from infertune_tuner.metrics import E2E, LATENCY_METRICS, TTFT
+from infertune_tuner.measurement import Measurement, trial_requests
+from infertune_tuner.metrics import E2E, LATENCY_METRICS, OBJECTIVE, PERCENTILES, TTFT
 from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
 from infertune_tuner.perfmodel.latency import Percentiles, predict
 from infertune_tuner.perfmodel.memory import RESERVE_GIB
@@ -50,8 +53,9 @@ def perturbed_truth(
     return eff, RESERVE_GIB + rng.uniform(-0.75, 0.75)
 
 
-def _rng(seed: int, cfg: TrialConfig) -> random.Random:
-    digest = hashlib.sha256(f"{seed}:{cfg.label()}".encode()).hexdigest()
+def _rng(seed: int, cfg: TrialConfig, repeat: int = 0) -> random.Random:
+    key = f"{seed}:{cfg.label()}" + (f":{repeat}" if repeat else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return random.Random(int(digest[:16], 16))
 
 
@@ -74,6 +78,8 @@ class SimulatedBackend:
         self._truth = truth
         self._reserve = reserve_gib
         self._noise = noise
+        self._runs: Counter[TrialConfig] = Counter()
+        self._percentiles = [b.percentile for b in request.slo]
 
     @classmethod
     def perturbed(
@@ -83,6 +89,31 @@ class SimulatedBackend:
         return cls(request, seed=seed, truth=eff, reserve_gib=reserve)
 
     def run(self, config: TrialConfig) -> Measurement:
+        repeat = self._runs[config]
+        self._runs[config] += 1
+        return self.measure(config, repeat=repeat)
+
+    def typical(self, config: TrialConfig, repeats: int = 21) -> Measurement:
+        """What a typical run of `config` shows: the median of many repeats, per quantity
+        (the truth a search is judged against; the noise-free model would sit below the
+        measured tails, which this pool's noise only ever widens)."""
+        runs = [self.measure(config, repeat=1000 + r) for r in range(repeats)]
+        if runs[0].status != "ok":
+            return runs[0]
+
+        def med(key: str) -> Percentiles:
+            ps = [p for m in runs if (p := m.percentiles(key)) is not None]
+            return Percentiles(*(statistics.median(p.get(q) for p in ps) for q in PERCENTILES))
+
+        return Measurement.ok(
+            {x.key: med(x.key) for x in LATENCY_METRICS},
+            output_tokens_per_s_per_gpu=statistics.median(OBJECTIVE.of(m) or 0.0 for m in runs),
+            requests=runs[0].requests, duration_s=runs[0].duration_s,
+            concurrency=runs[0].concurrency,
+        )  # fmt: skip
+
+    def measure(self, config: TrialConfig, *, repeat: int = 0, noisy: bool = True) -> Measurement:
+        """Measure `config`; `repeat` > 0 is a re-measurement, `noisy=False` the noise-free truth."""
         p = predict(self._model, self._gpu, config, self._workload, self._truth, self._reserve)
         mem = p.memory
         if mem.max_concurrent_sequences < 1:
@@ -90,19 +121,20 @@ class SimulatedBackend:
                 "oom",
                 f"CUDA out of memory while loading: {mem.reason or 'no room for the KV cache'}",
             )
-        rng = _rng(self._seed, config)
+        rng = _rng(self._seed, config, repeat)
         tail = 1 + 2 * p.prefill_share  # interference widens the tail
+        sd = self._noise if noisy else 0.0
 
-        def noisy(x: Percentiles, scale: float = 1.0) -> Percentiles:
-            base = math.exp(rng.gauss(0, self._noise * scale))
-            t95 = base * math.exp(abs(rng.gauss(0, self._noise * 2 * tail * scale)))
-            t99 = t95 * math.exp(abs(rng.gauss(0, self._noise * 3 * tail * scale)))
+        def jitter(x: Percentiles, scale: float = 1.0) -> Percentiles:
+            base = math.exp(rng.gauss(0, sd * scale))
+            t95 = base * math.exp(abs(rng.gauss(0, sd * 2 * tail * scale)))
+            t99 = t95 * math.exp(abs(rng.gauss(0, sd * 3 * tail * scale)))
             return Percentiles(
                 x.p50 * base, max(x.p95 * t95, x.p50 * base), max(x.p99 * t99, x.p95 * t95)
             )
 
         # TTFT spreads twice as much as the rest: it is one short interval, not a sum of many.
-        latency = {m.key: noisy(m.of(p), 2.0 if m is TTFT else 1.0) for m in LATENCY_METRICS}
+        latency = {m.key: jitter(m.of(p), 2.0 if m is TTFT else 1.0) for m in LATENCY_METRICS}
         ttft, e2e = latency[TTFT.key], latency[E2E.key]
         tps = p.output_tokens_per_s_per_gpu * p.e2e_ms.p50 / e2e.p50
         if mem.max_concurrent_sequences < config.max_batch_size:
@@ -118,10 +150,11 @@ class SimulatedBackend:
             e2e = Percentiles(e2e.p50 + wait, e2e.p95 + wait * 1.5, e2e.p99 + wait * 2)
             latency[TTFT.key], latency[E2E.key] = ttft, e2e
             tps = capped.output_tokens_per_s_per_gpu
-        requests = max(4 * config.max_batch_size, 64)
+        requests = trial_requests(config.max_batch_size, self._percentiles)
         return Measurement.ok(
             latency, output_tokens_per_s_per_gpu=tps, requests=requests,
             duration_s=requests / config.max_batch_size * e2e.p50 / 1e3,
+            concurrency=min(config.max_batch_size, mem.max_concurrent_sequences),
         )  # fmt: skip
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ import shlex
 import shutil
 import string
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from infertune_tuner.backends.base import OnPhase
@@ -48,7 +49,7 @@ from infertune_tuner.harness.triton_repo import (
     model_path_for,
     render_model_repository,
 )
-from infertune_tuner.measurement import Measurement, TrialPhase
+from infertune_tuner.measurement import Measurement, TrialPhase, trial_requests
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import TuningRequest
 
@@ -56,13 +57,13 @@ PLACEHOLDERS = frozenset({
     "port", "http_port", "metrics_port", "tp", "max_batch_size", "quantization",
     "kv_cache_dtype", "model", "gpu", "model_repo", "served_model", "model_path",
 })  # fmt: skip
-MAX_REQUESTS_PER_TRIAL = 1024
 MAX_WARMUP = 256
 
 
-def default_requests(max_batch_size: int) -> int:
-    """4 x max batch (at least 64, at most 1024): several full turns of the batch."""
-    return min(max(4 * max_batch_size, 64), MAX_REQUESTS_PER_TRIAL)
+def default_requests(max_batch_size: int, percentiles: Iterable[str] = ()) -> int:
+    """4 x max batch (at least 64): several full turns of the batch; more when a tail
+    percentile is bounded (see measurement.trial_requests)."""
+    return trial_requests(max_batch_size, percentiles)
 
 
 def default_warmup(max_batch_size: int) -> int:
@@ -158,7 +159,8 @@ class TritonBackend:
             url=f"127.0.0.1:{port}",
             model=SERVED_MODEL,
             concurrency=b,
-            requests=self.requests_per_trial or default_requests(b),
+            requests=self.requests_per_trial
+            or default_requests(b, [s.percentile for s in self.request.slo]),
             warmup=self.warmup if self.warmup is not None else default_warmup(b),
             input_tokens=self.request.workload.input_tokens,
             output_tokens=self.request.workload.output_tokens,
@@ -218,6 +220,7 @@ class TritonBackend:
             errors=r.errors,
             reason="; ".join(notes) or None,
             duration_s=r.duration_s,
+            concurrency=r.peak_decoding,
         )
 
     def close(self) -> None:

@@ -148,6 +148,8 @@ class BenchResult:
     server_ttft_ms: Summary | None = None  # from server-reported timestamps, when present
     server_e2e_ms: Summary | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    # The most requests that were decoding (first token seen, last not yet) at one moment.
+    peak_decoding: int | None = None
 
     @property
     def sent(self) -> int:
@@ -167,6 +169,8 @@ class BenchResult:
             "output_tokens_per_s": self.output_tokens_per_s,
             "duration_s": self.duration_s,
         }
+        if self.peak_decoding is not None:
+            out["peak_decoding"] = self.peak_decoding
         if self.server_e2e_ms is not None:
             out["server_ttft_ms"] = d(self.server_ttft_ms)
             out["server_e2e_ms"] = d(self.server_e2e_ms)
@@ -225,7 +229,25 @@ def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = No
         server_ttft_ms=summarize(server_ttft),
         server_e2e_ms=summarize(server_e2e),
         settings=dict(settings or {}),
+        peak_decoding=peak_decoding(done),
     )
+
+
+def peak_decoding(done: Sequence[RequestTrace]) -> int | None:
+    """The most requests decoding at once: between their first and last response. A server
+    whose KV cache holds fewer sequences than the client keeps in flight queues the rest, and
+    this stays below the client's concurrency."""
+    events = sorted(
+        [(t.responses[0], 1) for t in done] + [(t.responses[-1], -1) for t in done],
+        key=lambda e: (e[0], e[1]),  # at a tie, one finishing frees its slot first
+    )
+    if not events:
+        return None
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak
 
 
 def _with_error(t: RequestTrace, message: str) -> RequestTrace:

@@ -24,6 +24,8 @@ def _row(t: Trial) -> str:
     reason = (t.reason or "").replace("|", "/")
     if t.slo_checks and not t.slo_ok:
         reason = "; ".join(c.bound for c in t.slo_checks if not c.ok) + " missed"
+    if t.purpose == "confirm":
+        reason = ("re-measured; " + reason).rstrip("; ")
     return (
         f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} | {p95s} "
         f"| {reason} |"
@@ -59,6 +61,14 @@ def render_markdown(report: Report) -> str:
         f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials})",
         f"- Prior: performance model with the `{report.prior_stack}` stack factors",
         f"- Stopped: {report.stopped_reason}",
+        *(
+            [
+                f"- Confidence the optimum was found (nothing else beats the best by more than "
+                f"2 %): {report.confidence:.1%}"
+            ]
+            if report.confidence is not None and report.best
+            else []
+        ),
         f"- Generated {report.generated_at} by infertune {report.infertune_version} in "
         f"{report.duration_s:.1f} s",
         "",
@@ -80,6 +90,15 @@ def render_markdown(report: Report) -> str:
             f"| {report.best.config.tp} | {report.best.config.max_batch_size} | "
             f"{report.best.config.quantization} | {report.best.config.kv_cache_dtype} | "
             f"{m.output_tokens_per_s_per_gpu:.0f} | {_spread(m)} |",
+            "",
+            f"Measured {report.best.repeats} times"
+            + (
+                ": tok/s/GPU is the mean, each latency the worse repeat (what the SLO was "
+                "checked against); spread between repeats "
+                + ", ".join(f"{k} {v:.1%}" for k, v in report.best.noise.items())
+                if report.best.repeats > 1 and report.best.noise
+                else "."
+            ),
             "",
         ]
     if report.nearest_misses:
@@ -110,6 +129,29 @@ def render_markdown(report: Report) -> str:
         *[_row(t) for t in executed],
         "",
     ]
+    if report.untried:
+        lines += [
+            "## Not measured, and why",
+            "",
+            f"Every configuration of the {report.space_size}-configuration space that was not "
+            "measured, grouped by why. P(beats) is the posterior probability that it fits, "
+            "meets the SLO and beats the best by more than 2 %.",
+            "",
+            "| why | configurations | by TP | max P(beats) |",
+            "|---|---|---|---|",
+            *[
+                f"| {g.reason} | {g.count} | "
+                + ", ".join(f"{tp}: {n}" for tp, n in g.by_tp.items())
+                + f" | {'' if g.max_p_beat is None else f'{g.max_p_beat:.1%}'} |"
+                for g in report.untried
+            ],
+            "",
+        ]
+        for g in report.untried:
+            shown = ", ".join(c.config for c in g.configs[:12])
+            more = f" and {g.count - 12} more" if g.count > 12 else ""
+            lines.append(f"- {g.kind}: {shown}{more}")
+        lines.append("")
     if skipped:
         lines += [
             f"## Ruled out without GPU time ({len(skipped)})",

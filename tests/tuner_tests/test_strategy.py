@@ -1,0 +1,139 @@
+"""The model-guided strategy: what it measures next, when it stops, how it judges repeats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from infertune_tuner.backends.simulated import SimulatedBackend
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.known import Known, combine, implied_infeasible
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.memory_fit import ruled_out
+from infertune_tuner.perfmodel.latency import Percentiles
+from infertune_tuner.run import prior_predictions
+from infertune_tuner.space import build_space
+from infertune_tuner.strategy import MIN_PROBES, STOP_PROBABILITY, Decision, Planner
+
+from .helpers import request
+
+Measure = Callable[[TrialConfig], Measurement]
+
+
+def _planner(req):  # type: ignore[no-untyped-def]
+    space = build_space(req, req.resolve_model(), req.resolve_gpu())
+    return Planner(req, space, prior_predictions(req, space), seed=0)
+
+
+def _loop(req, measure: Measure, limit: int = 40) -> tuple[list[Decision], Known]:  # type: ignore[no-untyped-def]
+    """Drive the planner by hand: decide, measure, repeat until it stops."""
+    planner = _planner(req)
+    runs: dict[TrialConfig, list[Measurement]] = {}
+    decisions = []
+    for _ in range(limit):
+        known = Known.build(req, runs)
+        d = planner.decide(known, remaining=limit - known.executed)
+        decisions.append(d)
+        if d.config is None:
+            return decisions, known
+        runs.setdefault(d.config, []).append(measure(d.config))
+    raise AssertionError("the planner never stopped")
+
+
+def _e2e(value: float, tps: float = 500.0) -> Measurement:
+    p = Percentiles(value * 0.9, value, value * 1.1)
+    return Measurement("ok", ttft_ms=p, itl_ms=p, e2e_ms=p, output_tokens_per_s_per_gpu=tps)
+
+
+def test_on_a_pool_that_behaves_like_the_model_it_finds_the_optimum_and_stops() -> None:
+    req = request(e2e_p95=25600)
+    pool = SimulatedBackend(req, seed=0)
+    decisions, known = _loop(req, lambda c: pool.measure(c, noisy=False))
+    stop = decisions[-1]
+    assert stop.stop_reason and stop.stop_reason.startswith("converged")
+    planner = _planner(req)
+    assert planner.assess(known).p_untried < STOP_PROBABILITY
+    assert stop.confidence is not None and 0.5 < stop.confidence <= 1.0
+    # The true optimum of a model-shaped pool is the prior's own best feasible configuration.
+    truth = {c: pool.measure(c, noisy=False) for c in planner.universe}
+    feasible = {
+        c: m.output_tokens_per_s_per_gpu or 0.0
+        for c, m in truth.items()
+        if m.status == "ok" and m.e2e_ms is not None and m.e2e_ms.p95 <= 25600
+    }
+    assert known.best() is not None
+    assert known.best_tps() >= 0.98 * max(feasible.values())
+    assert known.executed <= 12
+
+
+def test_the_winner_is_confirmed_before_the_search_stops() -> None:
+    req = request(e2e_p95=25600)
+    pool = SimulatedBackend(req, seed=0)
+    decisions, known = _loop(req, pool.run)
+    best = known.best()
+    assert best is not None and known.repeats(best) >= 2
+    confirms = [d for d in decisions if d.purpose == "confirm"]
+    assert confirms and confirms[-1].config in known.measured
+
+
+def test_it_never_proposes_what_the_memory_model_rules_out_by_a_wide_margin() -> None:
+    req = request(e2e_p95=25600)
+    planner = _planner(req)
+    pool = SimulatedBackend.perturbed(req, seed=1)
+    decisions, _ = _loop(req, pool.run)
+    proposed = [d.config for d in decisions if d.config is not None]
+    assert proposed and not any(ruled_out(planner.margin[c]) for c in proposed)
+    assert any(ruled_out(m) for m in planner.margin.values()), "the space has such configs"
+
+
+def test_when_nothing_can_meet_the_slo_it_measures_the_closest_few_then_says_so() -> None:
+    req = request(e2e_p95=50)  # 50 ms for 512 output tokens: impossible
+    pool = SimulatedBackend(req, seed=0)
+    decisions, known = _loop(req, pool.run)
+    assert known.best() is None
+    assert MIN_PROBES <= known.executed <= MIN_PROBES + 2
+    assert (
+        decisions[-1].stop_reason and "plausibly able to meet the SLO" in decisions[-1].stop_reason
+    )
+
+
+def test_a_winner_is_judged_on_its_worse_repeat_and_its_mean_throughput() -> None:
+    req = request(e2e_p95=25600)
+    c = TrialConfig(2, 64, "fp8", "auto")
+    known = Known.build(req, {c: [_e2e(24000, 800), _e2e(26000, 760)]})
+    assert known.feasible() == {}, "the second run missed E2E p95: the configuration misses"
+    assert known.measured[c].output_tokens_per_s_per_gpu == 780
+    ok = Known.build(req, {c: [_e2e(24000, 800), _e2e(25000, 760)]})
+    assert ok.best() == c and ok.best_tps() == 780
+    assert ok.checks[c][0].value_ms == 25000  # the worse repeat is what the SLO saw
+
+
+def test_an_oom_in_any_repeat_makes_the_configuration_out_of_memory() -> None:
+    aggregate, worst = combine([_e2e(1000), Measurement.failed("oom", "CUDA out of memory")])
+    assert aggregate.status == worst.status == "oom"
+
+
+def test_the_last_trial_of_the_budget_goes_to_confirming_the_winner() -> None:
+    req = request(e2e_p95=25600)
+    planner = _planner(req)
+    c = TrialConfig(2, 64, "fp8", "auto")
+    known = Known.build(req, {c: [_e2e(20000, 700)]})
+    assert planner.decide(known, remaining=1) == Decision(
+        c, "confirm", confidence=planner.decide(known, remaining=1).confidence
+    )
+    assert planner.decide(known, remaining=10).purpose == "explore"
+
+
+def test_measured_neighbours_rule_configurations_out() -> None:
+    req = request(e2e_p95=25600)
+    small = TrialConfig(2, 64, "fp8", "auto")
+    known = Known.build(req, {small: [_e2e(40000)], TrialConfig(1, 32, "fp16", "fp8"): [
+        Measurement.failed("oom", "CUDA out of memory")
+    ]})  # fmt: skip
+    assert "larger batch" in (implied_infeasible(TrialConfig(2, 128, "fp8", "auto"), known) or "")
+    assert implied_infeasible(TrialConfig(2, 32, "fp8", "auto"), known) is None
+    assert "ran out of memory" in (
+        implied_infeasible(TrialConfig(1, 64, "fp16", "fp8"), known) or ""
+    )
+    # A miss within the noise rules out nothing: real pools are not perfectly monotonic.
+    near = Known.build(req, {small: [_e2e(26500)]})
+    assert implied_infeasible(TrialConfig(2, 128, "fp8", "auto"), near) is None
