@@ -24,7 +24,7 @@ its stated confidence is calibrated (of the runs that stopped claiming >= 95 %, 
 reached the optimum).
 
     python benchmarks/tuner_efficiency.py [--seeds 5] [--budget 40]
-        [--samplers auto,tpe,random,grid] [--families admission,...] [--verbose]
+        [--samplers auto,tpe,random,grid] [--families admission,...] [--jobs 2] [--verbose]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,6 +209,53 @@ def _row(label: str, rows: list[Run]) -> str:
     )
 
 
+def run_world(
+    sc: tuple,
+    family: str,
+    seed: int,
+    samplers: list[str],
+    budget: int,  # type: ignore[type-arg]
+) -> tuple[int, list[tuple[str, Run, str]]]:
+    """Every sampler on one world: (space size, [(sampler, run, verbose line)])."""
+    base = request_for(sc, "auto", seed, budget)
+    truth = truth_for(base, family, seed)
+    space = build_space(base, base.resolve_model(), base.resolve_gpu())
+    priors = prior_predictions(base, space)
+    gpu_mem = base.resolve_gpu().memory_gib
+    margins = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
+    out = []
+    for sampler in samplers:
+        req = request_for(sc, sampler, seed, budget)
+        executed: list[TrialConfig] = []
+
+        def hook(cfg, m, checks, known, executed=executed) -> None:  # type: ignore[no-untyped-def]
+            executed.append(cfg)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            report = tune(req, backend=WorldBackend(req, family, seed=seed),
+                          out_dir=Path(tmp), on_trial=hook)  # fmt: skip
+        chosen = report.best.config.to_config() if report.best else None
+        got, ok, ok_strict = truth.value(chosen)
+        if truth.optimum == 0.0:
+            reached = chosen is None or ok
+        else:
+            reached = ok and got >= REACH * truth.optimum
+        if truth.strict == 0.0:
+            strict = chosen is None or ok_strict
+        else:
+            strict = ok_strict and got >= REACH * truth.strict
+        wide = sum(1 for c in executed if ruled_out(margins[c]))
+        confidence = report.confidence
+        line = (f"{sc[0]:26} {family:12} s{seed} {sampler:6} "
+                f"trials {report.executed_trials:3} got {got:7.0f}{'' if ok else '!'} "
+                f"opt {truth.optimum:7.0f} conf {confidence if confidence is not None else '-'} "
+                f"{'ok' if reached else 'MISS'} | {report.stopped_reason[:60]}")  # fmt: skip
+        out.append(
+            (sampler, Run(family, reached, strict, report.executed_trials, wide, confidence), line)
+        )
+    return len(space), out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
@@ -215,6 +263,7 @@ def main() -> None:
     ap.add_argument("--samplers", default="auto,tpe,random,grid")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--scenarios", default="", help="comma-separated scenario indexes")
+    ap.add_argument("--jobs", type=int, default=1, help="worlds run in parallel processes")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     samplers = args.samplers.split(",")
@@ -225,48 +274,17 @@ def main() -> None:
     results: dict[str, list[Run]] = defaultdict(list)
     started = time.perf_counter()
     sizes = []
-    for sc in scenarios:
-        for family in families:
-            for seed in range(args.seeds):
-                base = request_for(sc, "auto", seed, args.budget)
-                truth = truth_for(base, family, seed)
-                space = build_space(base, base.resolve_model(), base.resolve_gpu())
-                priors = prior_predictions(base, space)
-                gpu_mem = base.resolve_gpu().memory_gib
-                margins = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
-                sizes.append(len(space))
-                for sampler in samplers:
-                    req = request_for(sc, sampler, seed, args.budget)
-                    executed: list[TrialConfig] = []
-
-                    def hook(cfg, m, checks, known, executed=executed) -> None:  # type: ignore[no-untyped-def]
-                        executed.append(cfg)
-
-                    with tempfile.TemporaryDirectory() as tmp:
-                        report = tune(req, backend=WorldBackend(req, family, seed=seed),
-                                      out_dir=Path(tmp), on_trial=hook)  # fmt: skip
-                    chosen = report.best.config.to_config() if report.best else None
-                    got, ok, ok_strict = truth.value(chosen)
-                    if truth.optimum == 0.0:
-                        reached = chosen is None or ok
-                    else:
-                        reached = ok and got >= REACH * truth.optimum
-                    if truth.strict == 0.0:
-                        strict = chosen is None or ok_strict
-                    else:
-                        strict = ok_strict and got >= REACH * truth.strict
-                    wide = sum(1 for c in executed if ruled_out(margins[c]))
-                    confidence = report.confidence
-                    results[sampler].append(
-                        Run(family, reached, strict, report.executed_trials, wide, confidence)
-                    )
-                    if args.verbose:
-                        print(f"{sc[0]:26} {family:12} s{seed} {sampler:6} "
-                              f"trials {report.executed_trials:3} got {got:7.0f}{'' if ok else '!'} "
-                              f"opt {truth.optimum:7.0f} conf {confidence if confidence is not None else '-'} "
-                              f"{'ok' if reached else 'MISS'} | {report.stopped_reason[:60]}",
-                              file=sys.stderr)  # fmt: skip
-    runs = len(scenarios) * len(families) * args.seeds
+    worlds = [(sc, f, seed) for sc in scenarios for f in families for seed in range(args.seeds)]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_world, *w, samplers, args.budget) for w in worlds]
+        for fut in futures:  # in submission order: the same output for any --jobs
+            size, rows = fut.result()
+            sizes.append(size)
+            for sampler, run, line in rows:
+                results[sampler].append(run)
+                if args.verbose:
+                    print(line, file=sys.stderr)
+    runs = len(worlds)
     print(f"{len(scenarios)} scenarios x {len(families)} world families x {args.seeds} seeds = "
           f"{runs} runs per sampler; space sizes {min(sizes)}-{max(sizes)} "
           f"(median {statistics.median(sizes):.0f}); budget {args.budget}; "

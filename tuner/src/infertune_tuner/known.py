@@ -149,7 +149,17 @@ def _clear_miss(ch: SloCheck) -> bool:
 
 
 def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
-    """A reason `cfg` need not run, given what was measured; None if it still might."""
+    """Why `cfg` need not run, given what was measured.
+
+    Args:
+        cfg: An unmeasured configuration.
+        known: What the study has measured.
+
+    Returns:
+        The reason (a neighbour ran out of memory or was KV-capped while smaller in every memory
+        dimension; a same-precision neighbour with a smaller batch clearly missed a latency
+        bound, or one with a larger batch clearly missed the throughput floor), or None.
+    """
     dims = _mem_dims(cfg)
     for other, m in known.measured.items():
         larger = all(a >= b for a, b in zip(dims, _mem_dims(other), strict=True))

@@ -61,7 +61,15 @@ class FitModel:
 
     @classmethod
     def learn(cls, outcomes: Iterable[tuple[float, bool]]) -> FitModel:
-        """outcomes: (margin, ran) for every configuration measured (ran = not out of memory)."""
+        """The posterior of delta given measured outcomes.
+
+        Args:
+            outcomes: (memory margin, fitted) for every measured configuration; fitted is False
+                for an out-of-memory and for a run whose KV cache capped its batch.
+
+        Returns:
+            The grid posterior (prior N(0, DELTA_PRIOR^2), a soft step likelihood per outcome).
+        """
         logp = -0.5 * (_GRID / DELTA_PRIOR) ** 2
         for margin, ran in outcomes:
             z = (margin + _GRID) / SOFTNESS

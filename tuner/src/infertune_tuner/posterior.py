@@ -125,6 +125,18 @@ class Quantity:
         sigma_global: float = SIGMA_GLOBAL,
         sigma_local: float | None = None,
     ) -> Quantity:
+        """Condition the quantity's GP on its observations.
+
+        Args:
+            key: 'tps' or 'metric/percentile' (sets the prior shape error and noise).
+            observations: log(measured / predicted) per measured configuration, with repeats.
+            noise: Run-to-run noise (log scale); default the quantity's prior noise.
+            sigma_global: Prior spread of an error every configuration shares.
+            sigma_local: Prior spread of the shape error; default `local_sigma(key)`.
+
+        Returns:
+            The posterior, ready for `predict`, `marginal` and `sample`.
+        """
         sd = noise if noise is not None else noise_of(key)
         if sigma_local is None:
             sigma_local = local_sigma(key)

@@ -233,6 +233,7 @@ class Search:
         self.dists = distributions(space)
         self.planner = Planner(request, space, priors, seed=seed)
         self.auto: AutoSampler | None = None
+        self._admissible: tuple[object, set[TrialConfig]] | None = None
         if request.tuning.sampler == "auto":
             self.auto = AutoSampler(
                 self.planner, self.dists, self.known, budget=self.max_trials, seed=seed
@@ -248,7 +249,14 @@ class Search:
     def admissible(self, study: Study) -> set[TrialConfig]:
         """Configurations a wrapped sampler may propose: not ruled out, not measured, not running."""
         known = self.known(study)
-        return {
+        # Each parameter of a trial asks again: answer from the same study state once.
+        state = (
+            frozenset((c, len(ms)) for c, ms in known.runs.items()),
+            frozenset(known.in_flight),
+        )
+        if self._admissible is not None and self._admissible[0] == state:
+            return self._admissible[1]
+        allowed = {
             c
             for c in self.space.configs
             if not ruled_out(self.planner.margin[c])
@@ -256,6 +264,8 @@ class Search:
             and c not in known.in_flight
             and implied_infeasible(c, known) is None
         }
+        self._admissible = (state, allowed)
+        return allowed
 
     # -- resume
 

@@ -156,7 +156,16 @@ class Planner:
         return FitModel.learn(outcomes)
 
     def candidates(self, known: Known) -> tuple[list[TrialConfig], dict[TrialConfig, str]]:
-        """Untried candidates, and why every other unmeasured configuration is not one."""
+        """Untried candidates, and why every other unmeasured configuration is not one.
+
+        Args:
+            known: What the study has measured and has in flight.
+
+        Returns:
+            The configurations of the space that are neither ruled out by a wide memory margin,
+            nor measured, nor in flight, nor ruled out by a measured neighbour or twin; and for
+            each configuration ruled out by a neighbour or twin, the reason.
+        """
         out, ruled = [], {}
         for c in self.universe:
             if c in known.measured or c in known.in_flight:
@@ -199,7 +208,18 @@ class Planner:
 
         Candidates whose marginal chance to beat the incumbent is negligible (< `NEGLIGIBLE`,
         with the incumbent's own noise allowed for) are left out of the joint draws; they keep
-        their marginal probabilities."""
+        their marginal probabilities.
+
+        Args:
+            known: What the study has measured and has in flight.
+            include_in_flight: Count in-flight configurations as chances to beat the incumbent
+                (a search must not stop while one may still win; the report leaves them out).
+
+        Returns:
+            An `Assessment`: per configuration of its pool (candidates, in flight, measured
+            feasible) the probabilities to succeed, fit and beat the incumbent and the expected
+            gain, and P(some configuration beats the incumbent) overall and among the untried.
+        """
         cands, ruled = self.candidates(known)
         flying = sorted(known.in_flight - set(known.measured)) if include_in_flight else []
         best = known.best()
@@ -294,7 +314,18 @@ class Planner:
         return out
 
     def decide(self, known: Known, *, remaining: int | None = None) -> Decision:
-        """The next trial, or why to stop. `remaining`: trials left in the budget."""
+        """The next trial, or why to stop.
+
+        Args:
+            known: What the study has measured and has in flight.
+            remaining: Trials left in the budget (the last one confirms the incumbent).
+
+        Returns:
+            A `Decision`: a configuration and its purpose (`explore`, `probe`, `confirm`); or no
+            configuration and a stop reason (converged, nothing plausibly meets the SLO, all
+            ruled out); or neither, when only an in-flight trial may still change the answer.
+            `confidence` is P(no configuration beats the incumbent by more than 2 %).
+        """
         a = self.assess(known)
         conf = a.confidence
         confirm = self._confirmations(known, a)
