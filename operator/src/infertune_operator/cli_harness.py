@@ -162,13 +162,15 @@ def render(
     from infertune_operator.api.manifest import load_deployment
     from infertune_operator.render import render_serving
     from infertune_operator.settings import Settings
+    from infertune_tuner.runtime import SimulatedRuntime, TritonRuntime
 
     obj = load_deployment(spec)
     try:
         settings = Settings.from_env()
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    objects = render_serving(obj, config, settings, simulated=simulated)
+    runtime = None if simulated is None else SimulatedRuntime() if simulated else TritonRuntime()
+    objects = render_serving(obj, config, settings, runtime=runtime)
     sys.stdout.write(yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False))
 
 

@@ -11,7 +11,7 @@ import typer
 
 from infertune_tuner import defaults
 from infertune_tuner.backends import BACKEND_HELP
-from infertune_tuner.cli_support import KvDtypeOption, QuantOption, one_of
+from infertune_tuner.cli_support import KvDtypeOption, QuantOption, exit_on_sigterm, one_of
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import Sampler
 
@@ -88,6 +88,7 @@ def tune(
     from infertune_tuner.run import tune as run_tune
     from infertune_tuner.run import write_report
 
+    exit_on_sigterm()
     obj = load_deployment(spec)
     request = to_request(obj, default_backend=backend.split(":")[0])
     overrides: dict[str, object] = {"backend": backend}

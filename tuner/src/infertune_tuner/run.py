@@ -61,7 +61,8 @@ class StudyStart:
 
 def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialConfig, Prediction]:
     model, gpu, work = request.resolve_model(), request.resolve_gpu(), request.work
-    return {c: predict(model, gpu, c, work) for c in space.configs}
+    # Keyed by the configuration searched; predicted as the server runs it (space.effective).
+    return {c: predict(model, gpu, space.effective(c), work) for c in space.configs}
 
 
 def _metrics(m: Measurement) -> Metrics | None:
