@@ -97,8 +97,10 @@ def exit_on_sigterm() -> None:
     on the spot (and, as PID 1 of a container, ignores the signal)."""
     import signal
     import sys
+    import threading
 
     def terminate(signum: int, frame: object) -> None:
         sys.exit(EXIT_TERMINATED)
 
-    signal.signal(signal.SIGTERM, terminate)
+    if threading.current_thread() is threading.main_thread():  # only there can it be set
+        signal.signal(signal.SIGTERM, terminate)

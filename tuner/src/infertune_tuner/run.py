@@ -211,10 +211,10 @@ def tune(
     """
     started = time.monotonic()
     model, gpu = request.resolve_model(), request.resolve_gpu()
-    space = build_space(request, model, gpu)
+    backend_name = backend if isinstance(backend, str) else backend.name
+    space = build_space(request, model, gpu, backend_name)
     priors = prior_predictions(request, space)
     seed = request.tuning.seed if request.tuning.seed is not None else defaults.SEED
-    backend_name = backend if isinstance(backend, str) else backend.name
 
     workers = request.tuning.parallelism
     if backend_factory is None:

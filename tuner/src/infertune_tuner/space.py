@@ -63,9 +63,11 @@ class SearchSpace:
         return config
 
 
-def checkpoint_problems(request: TuningRequest, quantizations: list[str]) -> list[Exclusion]:
+def checkpoint_problems(
+    request: TuningRequest, quantizations: list[str], backend: str
+) -> list[Exclusion]:
     """Quantizations with no weights to load on a backend that loads weights."""
-    if request.tuning.backend not in LOADS_WEIGHTS:
+    if backend not in LOADS_WEIGHTS:
         return []
     out: list[Exclusion] = []
     for q in quantizations:
@@ -77,10 +79,12 @@ def checkpoint_problems(request: TuningRequest, quantizations: list[str]) -> lis
     return out
 
 
-def fp8_kv_checkpoints(request: TuningRequest, quantizations: list[str]) -> frozenset[str]:
+def fp8_kv_checkpoints(
+    request: TuningRequest, quantizations: list[str], backend: str
+) -> frozenset[str]:
     """The quantizations whose checkpoint's hf_quant_config.json declares an FP8 KV cache
     (read where the tuner can: a mounted path, or the Hugging Face Hub in the tuner image)."""
-    if request.tuning.backend not in LOADS_WEIGHTS:
+    if backend not in LOADS_WEIGHTS:
         return frozenset()
     out = set()
     for q in quantizations:
@@ -92,8 +96,13 @@ def fp8_kv_checkpoints(request: TuningRequest, quantizations: list[str]) -> froz
     return frozenset(out)
 
 
-def build_space(request: TuningRequest, model: ModelArch, gpu: Gpu) -> SearchSpace:
+def build_space(
+    request: TuningRequest, model: ModelArch, gpu: Gpu, backend: str | None = None
+) -> SearchSpace:
+    """The space of `request` on `gpu`; `backend` (default: the request's) is the backend that
+    runs the trials: one that loads weights excludes quantizations without a checkpoint."""
     s = request.search
+    backend = backend if backend is not None else request.tuning.backend
     excluded: list[Exclusion] = []
     w = request.workload
     too_long = model.context_problem(w.input_tokens, w.output_tokens)
@@ -125,10 +134,10 @@ def build_space(request: TuningRequest, model: ModelArch, gpu: Gpu) -> SearchSpa
                 f"maxAccuracyLossPercent {s.max_accuracy_loss_percent:g}%")))  # fmt: skip
         else:
             quants.append(q)
-    missing = checkpoint_problems(request, quants)
+    missing = checkpoint_problems(request, quants, backend)
     excluded += missing
     quants = [q for q in quants if q not in {e.value for e in missing}]
-    fp8_kv = fp8_kv_checkpoints(request, quants)
+    fp8_kv = fp8_kv_checkpoints(request, quants, backend)
 
     kvs: list[str] = []
     for kv in s.kv_cache_dtype:

@@ -33,11 +33,16 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.loadgen import LoadSpec
 from infertune_tuner.harness.runner import TrialPlan, free_ports, run_trial
-from infertune_tuner.runtime import SERVED_MODEL, Ports, ServingRuntime, TritonRuntime
-from infertune_tuner.runtime.weights import MissingCheckpoint, model_path_for, weights_uri
 from infertune_tuner.measurement import Measurement, TrialPhase
-from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import TuningRequest
+from infertune_tuner.runtime import SERVED_MODEL, Ports, ServingRuntime, TritonRuntime
+from infertune_tuner.runtime.weights import (
+    SIXTEEN_BIT,
+    MissingCheckpoint,
+    checkpoint_kv_dtype,
+    model_path_for,
+    weights_uri,
+)
 
 PLACEHOLDERS = frozenset({
     "port", "http_port", "metrics_port", "tp", "max_batch_size", "quantization",
@@ -109,6 +114,7 @@ class TritonBackend:
             Path(tempfile.mkdtemp(prefix="infertune-triton-")) if workdir is None else workdir
         )
         self._trials = 0
+        self._fp8_kv: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ pieces, testable alone
     def weights_for(self, config: TrialConfig) -> str:
@@ -184,16 +190,28 @@ class TritonBackend:
                 duration_s=r.duration_s if r is not None else 0.0,
             )
         notes = [*r.error_samples]  # an ok trial may still have lost a few requests
-        if "warning" in r.settings:
-            notes.append(str(r.settings["warning"]))
+        notes += [str(r.settings[k]) for k in ("warning", "stopped") if k in r.settings]
+        notes += [n for n in (r.short_output_note(), self._kv_note(config)) if n]
         return Measurement.ok(
-            {m.key: (s.percentiles() if (s := m.of(r)) else None) for m in LATENCY_METRICS},
+            {k: (s.percentiles() if s else None) for k, s in r.workload_latency().items()},
             output_tokens_per_s_per_gpu=r.output_tokens_per_s / config.tp,
             requests=r.requests,
             errors=r.errors,
             reason="; ".join(notes) or None,
             duration_s=r.duration_s,
         )
+
+    def _kv_note(self, config: TrialConfig) -> str | None:
+        """Says so when kv "auto" ran an FP8 KV cache because the checkpoint declares one."""
+        if config.kv_cache_dtype != "auto" or config.quantization in SIXTEEN_BIT:
+            return None
+        if config.quantization not in self._fp8_kv:
+            self._fp8_kv[config.quantization] = (
+                checkpoint_kv_dtype(self.weights_for(config)) == "fp8"
+            )
+        if not self._fp8_kv[config.quantization]:
+            return None
+        return "kv-auto ran an FP8 KV cache: the checkpoint's hf_quant_config.json declares one"
 
     def close(self) -> None:
         if self._owns_workdir:

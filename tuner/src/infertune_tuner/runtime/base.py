@@ -64,7 +64,10 @@ class PodShape:
 class ServingRuntime(Protocol):
     """One way to serve a configuration (see the module docstring)."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """ "triton" or "simulated"."""
+        ...
 
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Repository-relative path -> text of the rendered model repository."""

@@ -25,6 +25,7 @@ from infertune_tuner.runtime.triton import (
 )
 from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, model_path_for
 
+
 @dataclass(frozen=True)
 class SimulatedRuntime:
     """`infertune simserver` for one configuration.

@@ -279,4 +279,3 @@ class TritonRuntime:
             runs_as_root=True,
             loads_weights=True,
         )
-

@@ -110,9 +110,7 @@ def base_uri(request: TuningRequest) -> str:
 
 def missing_checkpoints(request: TuningRequest, quantizations: Iterable[str]) -> list[str]:
     """The quantizations of `quantizations` that have no weights to load."""
-    return [
-        q for q in quantizations if q not in SIXTEEN_BIT and q not in request.model.checkpoints
-    ]
+    return [q for q in quantizations if q not in SIXTEEN_BIT and q not in request.model.checkpoints]
 
 
 def uses_model_cache(uris: Iterable[str]) -> bool:
@@ -156,7 +154,7 @@ def cache_gib(request: TuningRequest, quantizations: Iterable[str]) -> int:
 
 
 def kv_dtype_from_quant_config(doc: Mapping[str, Any]) -> str | None:
-    """"fp8" when a ModelOpt `hf_quant_config.json` declares an FP8 KV cache, else None.
+    """ "fp8" when a ModelOpt `hf_quant_config.json` declares an FP8 KV cache, else None.
 
     The file's shape (ModelOpt's unified Hugging Face export):
     ``{"producer": {...}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}``.
