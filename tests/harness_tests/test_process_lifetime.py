@@ -56,7 +56,7 @@ def manifest(tmp_path: Path) -> Path:
                 "maxBatchSize": [4],
                 "quantization": ["bf16"],
                 "kvCacheDtype": ["auto"],
-            },  # fmt: skip
+            },
             "tuning": {"maxTrials": 1, "backend": "triton"},
         },
     }
