@@ -142,7 +142,7 @@ def test_gpu_job_requests_the_largest_tp_that_fits_one_node() -> None:
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == SETTINGS.tuner_image
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
     (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]

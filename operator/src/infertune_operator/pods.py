@@ -27,6 +27,7 @@ Decisions, in one place:
   directory), so `runAsNonRoot` is not set there and capabilities are the runtime's defaults.
 - **Resources**: CPU and memory requests always (a GPU pod is never BestEffort); the user's
   `spec.serving.resources` on top; `nvidia.com/gpu` forced to the GPUs the configuration uses.
+  Every quantity is written as a string.
 """
 
 from __future__ import annotations
@@ -162,8 +163,9 @@ def resources(
     if ephemeral_gib:
         requests["ephemeral-storage"] = f"{ephemeral_gib + 1}Gi"  # + logs and scratch
     for kind, part in (("requests", requests), ("limits", limits)):
-        part.update((overrides or {}).get(kind) or {})
+        # Quantities as strings: the API takes 2 or "2", the client's models only strings.
+        part.update({k: str(v) for k, v in ((overrides or {}).get(kind) or {}).items()})
         part.pop(GPU_RESOURCE, None)
         if shape.gpus:
-            part[GPU_RESOURCE] = shape.gpus
+            part[GPU_RESOURCE] = str(shape.gpus)
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
