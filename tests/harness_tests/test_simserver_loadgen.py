@@ -6,6 +6,7 @@ decode step at several milliseconds); nothing else depends on wall-clock speed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -146,7 +147,7 @@ async def test_streams_one_response_per_token_and_flags_the_last(server: SimServ
     # model.py sends it (`output.text` of each streamed RequestOutput): each response repeats the
     # text so far and adds the new token.
     assert [len(t.split()) for t in texts] == [1, 2, 3]
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
 
 
 async def test_output_tokens_are_responses_not_words_of_a_cumulative_text(
