@@ -212,3 +212,23 @@ def test_default_launcher_without_the_llmapi_model_is_an_error(
     monkeypatch.setenv("INFERTUNE_LLMAPI_MODEL_DIR", str(tmp_path / "missing"))
     m = TritonBackend(request(), workdir=tmp_path).run(TrialConfig(1, 8, "bf16", "auto"))
     assert m.status == "error" and m.reason is not None and "model.py" in m.reason
+
+
+def test_the_token_reaches_the_server_and_nothing_infertune_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF_TOKEN (from the tuner pod's secretKeyRef, or the user's shell) flows to the trial's
+    server through the environment; no log line, reason or report of infertune carries it."""
+    token = "hf_" + "s3cr3t" * 4
+    monkeypatch.setenv("HF_TOKEN", token)
+    probe = f"sh -c 'test \"$HF_TOKEN\" = {token} && echo token-received; exec \"$@\"' sh {TEMPLATE}"
+    b = backend(request(), tmp_path, server_command=probe)
+    m = b.run(TrialConfig(1, 4, "bf16", "auto"))
+    assert m.status == "ok", m.reason
+    (log,) = tmp_path.glob("trial-001-*/server.log")
+    text = log.read_text()
+    assert "token-received" in text and token not in text
+    assert token not in repr(m)
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert token not in f.read_text(errors="replace"), f
