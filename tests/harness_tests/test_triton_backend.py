@@ -221,7 +221,7 @@ def test_the_token_reaches_the_server_and_nothing_infertune_writes(
     server through the environment; no log line, reason or report of infertune carries it."""
     token = "hf_" + "s3cr3t" * 4
     monkeypatch.setenv("HF_TOKEN", token)
-    probe = f"sh -c 'test \"$HF_TOKEN\" = {token} && echo token-received; exec \"$@\"' sh {TEMPLATE}"
+    probe = f'sh -c \'test "$HF_TOKEN" = {token} && echo token-received; exec "$@"\' sh {TEMPLATE}'
     b = backend(request(), tmp_path, server_command=probe)
     m = b.run(TrialConfig(1, 4, "bf16", "auto"))
     assert m.status == "ok", m.reason

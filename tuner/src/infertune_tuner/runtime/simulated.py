@@ -17,12 +17,7 @@ from pathlib import Path
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import SERVED_MODEL, PodShape, Ports
-from infertune_tuner.runtime.triton import (
-    TritonRuntime,
-    config_pbtxt,
-    max_num_tokens_for,
-    model_yaml_text,
-)
+from infertune_tuner.runtime.triton import TritonRuntime, repository_files
 from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, model_path_for
 
 
@@ -44,14 +39,7 @@ class SimulatedRuntime:
         try:
             return TritonRuntime().model_files(request, config)
         except MissingCheckpoint:
-            text = model_yaml_text(
-                config, model_path_for(base_uri(request)),
-                max_num_tokens=max_num_tokens_for(request.workload.input_tokens),
-            )  # fmt: skip
-            return {
-                f"{SERVED_MODEL}/config.pbtxt": config_pbtxt(SERVED_MODEL),
-                f"{SERVED_MODEL}/1/model.yaml": text,
-            }
+            return repository_files(request, config, model_path_for(base_uri(request)))
 
     def launch_argv(
         self, request: TuningRequest, config: TrialConfig, *, repo_dir: str, ports: Ports,

@@ -172,6 +172,17 @@ def config_pbtxt(served_model: str = SERVED_MODEL) -> str:
     )
 
 
+def repository_files(request: TuningRequest, config: TrialConfig, model: str) -> dict[str, str]:
+    """The rendered files of the repository serving `config` from the weights at `model`."""
+    text = model_yaml_text(
+        config, model, max_num_tokens=max_num_tokens_for(request.workload.input_tokens)
+    )
+    return {
+        f"{SERVED_MODEL}/config.pbtxt": config_pbtxt(SERVED_MODEL),
+        f"{SERVED_MODEL}/1/model.yaml": text,
+    }
+
+
 def launcher_argv(
     tp: int,
     model_repo: str,
@@ -234,14 +245,7 @@ class TritonRuntime:
         return model_path_for(weights_uri(request, config))
 
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
-        text = model_yaml_text(
-            config, self.model_path(request, config),
-            max_num_tokens=max_num_tokens_for(request.workload.input_tokens),
-        )  # fmt: skip
-        return {
-            f"{SERVED_MODEL}/config.pbtxt": config_pbtxt(SERVED_MODEL),
-            f"{SERVED_MODEL}/1/model.yaml": text,
-        }
+        return repository_files(request, config, self.model_path(request, config))
 
     def launch_argv(
         self, request: TuningRequest, config: TrialConfig, *, repo_dir: str, ports: Ports,
