@@ -242,6 +242,15 @@ def error_samples(traces: Iterable[RequestTrace], limit: int = MAX_ERROR_SAMPLES
     return seen
 
 
+def _e2e_at(t: RequestTrace, requested: int) -> float:
+    """The request's E2E had it produced `requested` tokens at its own pace (its measured E2E
+    when it did, or when it has no pace: a single token)."""
+    itl = t.itl_s()
+    if t.output_tokens >= requested or itl is None:
+        return t.e2e_s()
+    return t.ttft_s() + (requested - 1) * itl
+
+
 def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = None) -> BenchResult:
     """Statistics over measured requests. A request that errored, or that ended without a single
     output token, counts as an error and contributes no latency sample."""
@@ -286,15 +295,6 @@ def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = No
         server_e2e_ms=summarize(server_e2e),
         settings=dict(settings or {}),
     )
-
-
-def _e2e_at(t: RequestTrace, requested: int) -> float:
-    """The request's E2E had it produced `requested` tokens at its own pace (its measured E2E
-    when it did, or when it has no pace: a single token)."""
-    itl = t.itl_s()
-    if t.output_tokens >= requested or itl is None:
-        return t.e2e_s()
-    return t.ttft_s() + (requested - 1) * itl
 
 
 def _with_error(t: RequestTrace, message: str) -> RequestTrace:
