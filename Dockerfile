@@ -32,8 +32,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     MPLBACKEND=Agg
 
+# `pip check` fails the build when infertune's dependencies broke a requirement of what the image
+# ships (TensorRT-LLM pins much of its stack): a tuner that imports, but a server that does not
+# start, is the failure this stage exists to prevent.
 RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
     python3 -m pip install "$(ls /dist/infertune-*.whl)[postgres]" "tritonclient[grpc]" \
+    && python3 -m pip check \
     && infertune --help > /dev/null
 
 WORKDIR /workspace
@@ -54,6 +58,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
     pip install "$(ls /dist/infertune-*.whl)[postgres]" \
+    && pip check \
     && infertune --help > /dev/null
 
 # Numeric UID/GID so that Kubernetes can verify runAsNonRoot without resolving names.

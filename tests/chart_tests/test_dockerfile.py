@@ -127,6 +127,17 @@ def test_tuner_stage_installs_infertune_and_tritonclient(stages):
     assert "tritonclient[grpc]" in runs
 
 
+@pytest.mark.parametrize("stage", ["tuner", "operator"])
+def test_every_install_is_checked_for_broken_requirements(stages, stage):
+    """A RUN that pip-installs also runs `pip check` afterwards, in the same layer: a dependency
+    of infertune that breaks one of the image's own (TensorRT-LLM's in the tuner) fails the
+    build, not the first trial."""
+    installs = [a for w, a in stages[stage] if w == "RUN" and "pip install" in a]
+    assert installs
+    for args in installs:
+        assert "pip check" in args.split("pip install", 1)[1], args
+
+
 def test_operator_is_the_default_target(stages):
     assert list(stages)[-1] == "operator", "a plain `docker build .` should build the operator"
 

@@ -59,15 +59,18 @@ def test_bench_json(cli: CliRunner, server_port: int) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert (data["requests"], data["errors"]) == (8, 0)
-    for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
+    for metric in ("ttft_ms", "itl_ms", "e2e_ms", "token_gap_ms"):
         assert set(data[metric]) >= {"p50", "p95", "p99"}
+    assert data["itl_ms"]["count"] == 8  # one per request (GenAI-Perf), the gaps pooled apart
+    assert data["token_gap_ms"]["count"] > data["itl_ms"]["count"]
     assert data["output_tokens_per_s"] > 0 and data["duration_s"] > 0
+    assert data["settings"]["deadline_s"] == 3600
 
 
 def test_bench_table(cli: CliRunner, server_port: int) -> None:
     result = cli.invoke(app, bench_args(server_port))
     assert result.exit_code == 0, result.output
-    for word in ("TTFT", "ITL", "E2E", "p99", "requests 8"):
+    for word in ("TTFT", "ITL", "E2E", "token gaps", "p99", "requests 8"):
         assert word in result.stdout
 
 
@@ -90,6 +93,8 @@ def test_bench_unreachable_server_exits_2(cli: CliRunner) -> None:
 def test_bench_bad_arguments_exit_2(cli: CliRunner) -> None:
     result = cli.invoke(app, ["bench", "--url", "127.0.0.1:1", "--model", "m", "--requests", "0"])
     assert result.exit_code == 2 and "error:" in result.stderr
+    result = cli.invoke(app, ["bench", "--url", "127.0.0.1:1", "--model", "m", "--deadline", "0"])
+    assert result.exit_code == 2 and "deadline" in result.stderr
 
 
 def test_simserver_unknown_model_exits_2(cli: CliRunner) -> None:

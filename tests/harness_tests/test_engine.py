@@ -14,7 +14,7 @@ from infertune_tuner.harness.engine import (
     modelled_steady_state,
     oom_message,
 )
-from infertune_tuner.perfmodel.latency import StepModel
+from infertune_tuner.perfmodel.latency import StepModel, predict
 
 MODEL = get_model("llama-3-8b")
 GPU = get_gpu("H100-SXM-80GB")
@@ -98,9 +98,51 @@ def test_modelled_steady_state_matches_the_step_arithmetic() -> None:
     assert r.requests == 8 and r.errors == 0
     assert r.ttft_ms is not None and r.itl_ms is not None and r.e2e_ms is not None
     assert r.ttft_ms.p50 == pytest.approx(first)
-    assert r.itl_ms.p50 == pytest.approx(gaps[3])
+    assert r.token_gap_ms is not None and r.token_gap_ms.p50 == pytest.approx(gaps[3])
+    assert r.itl_ms.p50 == pytest.approx(sum(gaps) / (osl - 1))  # per request: the mean gap
     assert r.e2e_ms.p50 == pytest.approx(first + sum(gaps))
     assert r.output_tokens == 8 * osl
+
+
+@pytest.mark.parametrize(
+    ("model", "cfg", "isl", "osl"),
+    [
+        ("llama-3-8b", TrialConfig(1, 8, "bf16", "auto"), 512, 128),  # one cohort
+        ("llama-3-8b", TrialConfig(1, 64, "fp8", "auto"), 512, 128),  # a train of 5 cohorts
+        ("llama-3-8b", TrialConfig(1, 256, "fp8", "auto"), 512, 128),
+        ("llama-2-70b", TrialConfig(4, 64, "fp8", "auto"), 1024, 512),
+        ("llama-3-8b", TrialConfig(2, 128, "bf16", "auto"), 128, 1024),
+    ],
+)
+def test_the_performance_model_agrees_with_the_engine(
+    model: str, cfg: TrialConfig, isl: int, osl: int
+) -> None:
+    """`predict` (closed form) and the engine stepped in virtual time behind a client with a
+    turnaround, warm-up left out as the load generator leaves it out: TTFT, per-request ITL and
+    E2E p50 agree within 2 % wherever the KV cache holds the batch."""
+    m, w = get_model(model), Workload(isl, osl)
+    p = predict(m, GPU, cfg, w)
+    b = cfg.max_batch_size
+    r = modelled_steady_state(m, GPU, cfg, w, concurrency=b, requests=4 * b, warmup=b)
+    assert r.ttft_ms is not None and r.itl_ms is not None and r.e2e_ms is not None
+    assert p.ttft_ms.p50 == pytest.approx(r.ttft_ms.p50, rel=0.02)
+    assert p.itl_ms.p50 == pytest.approx(r.itl_ms.p50, rel=0.02)
+    assert p.e2e_ms.p50 == pytest.approx(r.e2e_ms.p50, rel=0.02)
+
+
+def test_a_returning_request_waits_through_the_step_it_missed() -> None:
+    """With an ideal client (zero turnaround) a cohort rejoins the very step its predecessor's
+    last token ends; any real turnaround misses it and waits through the cohort ahead's
+    admission step, which doubles TTFT in a train of cohorts (and is what real engines do)."""
+    cfg, w = TrialConfig(1, 64, "fp8", "auto"), Workload(512, 128)
+    real = modelled_steady_state(MODEL, GPU, cfg, w, concurrency=64, requests=256, warmup=64)
+    ideal = modelled_steady_state(
+        MODEL, GPU, cfg, w, concurrency=64, requests=256, warmup=64, client_turnaround_s=0.0
+    )
+    assert real.ttft_ms is not None and ideal.ttft_ms is not None
+    assert real.ttft_ms.p50 == pytest.approx(2 * ideal.ttft_ms.p50, rel=0.05)
+    assert real.e2e_ms is not None and ideal.e2e_ms is not None
+    assert real.e2e_ms.p50 == pytest.approx(ideal.e2e_ms.p50, rel=0.02)  # only where it waits
 
 
 def test_capacity_and_oom_follow_the_memory_model() -> None:

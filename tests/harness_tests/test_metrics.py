@@ -65,23 +65,65 @@ def test_compute_on_hand_computed_traces() -> None:
     assert r.ttft_ms.p50 == approx(150.0)
     assert r.ttft_ms.p95 == approx(195.0)
     assert r.ttft_ms.p99 == approx(199.0)
-    # pooled gaps [50, 50, 100, 100]
-    assert r.itl_ms.count == 4
-    assert r.itl_ms.p50 == approx(75.0)
-    assert r.itl_ms.p95 == approx(100.0)
-    assert r.itl_ms.mean == approx(75.0)
+    # ITL per request, GenAI-Perf's: (300-100)/3 and (300-200)/1
+    assert r.itl_ms.count == 2
+    assert (r.itl_ms.min, r.itl_ms.max) == (approx(200 / 3), approx(100.0))
+    # pooled token gaps [50, 50, 100, 100]: reported beside it
+    assert r.token_gap_ms is not None and r.token_gap_ms.count == 4
+    assert r.token_gap_ms.p50 == approx(75.0)
+    assert r.token_gap_ms.p95 == approx(100.0)
     # E2E [300, 300]
     assert r.e2e_ms.p50 == approx(300.0)
     assert r.e2e_ms.p99 == approx(300.0)
-    # GenAI-Perf's per-request ITL: (300-100)/3 and (300-200)/1
-    assert r.itl_mean_per_request_ms is not None
-    assert sorted([r.itl_mean_per_request_ms.min, r.itl_mean_per_request_ms.max]) == [
-        approx(200 / 3),
-        approx(100.0),
-    ]
     # window: first send (0.0) -> last response/end (1.3)
     assert r.duration_s == approx(1.3)
     assert r.output_tokens_per_s == approx(6 / 1.3)
+
+
+def test_the_definitions_are_genai_perfs() -> None:
+    """GenAI-Perf's own worked example: triton-inference-server/perf_analyzer,
+    genai-perf/tests/test_data_parser/test_llm_profile_data_parser.py (Triton, concurrency 10;
+    timestamps in ns, output lengths 3 and 6 tokens), computed as
+    genai-perf/genai_perf/profile_data_parser/llm_profile_data_parser.py does: ITL =
+    (request latency - TTFT) / (output tokens - 1) per request with more than one response and
+    more than one token; throughput = output tokens / (last response - first request)."""
+    ns = 1e-9
+    traces = [
+        RequestTrace(send_s=1 * ns, responses=(3 * ns, 5 * ns, 8 * ns), tokens=(1, 1, 1)),
+        RequestTrace(send_s=2 * ns, responses=(4 * ns, 7 * ns, 11 * ns), tokens=(1, 2, 3)),
+    ]
+    r = compute(traces)
+    ms = 1e-6  # one ns in ms
+    assert r.e2e_ms is not None and r.ttft_ms is not None and r.itl_ms is not None
+    assert sorted([r.e2e_ms.min, r.e2e_ms.max]) == [approx(7 * ms), approx(9 * ms)]
+    assert (r.ttft_ms.min, r.ttft_ms.max) == (approx(2 * ms), approx(2 * ms))
+    # upstream: [((8 - 1) - 2) / (3 - 1), ((11 - 2) - 2) / (6 - 1)] = [2.5, 1.4] (it rounds to
+    # whole ns: [2, 1])
+    assert sorted([r.itl_ms.min, r.itl_ms.max]) == [approx(1.4 * ms), approx(2.5 * ms)]
+    assert r.output_tokens == 9
+    assert r.output_tokens_per_s == pytest.approx(9 / (10 * ns))  # 9 tokens over 11 - 1 ns
+
+
+def test_a_short_output_is_flagged_and_e2e_is_taken_at_the_requested_length() -> None:
+    # Asked for 10 tokens: one request stopped after 4 (TTFT 100 ms, then 50 ms per token).
+    full = RequestTrace(send_s=0.0, responses=tuple(0.1 + 0.05 * i for i in range(10)))
+    short = RequestTrace(send_s=0.0, responses=tuple(0.1 + 0.05 * i for i in range(4)))
+    ok = compute([full, full], {"output_tokens": 10})
+    assert ok.short_output is None and ok.short_output_note() is None
+    assert ok.workload_latency()["e2e_ms"] == ok.e2e_ms
+    r = compute([full, short], {"output_tokens": 10})
+    assert r.output_tokens_mean == 7.0
+    assert r.short_output == approx(0.3)
+    assert r.e2e_ms is not None and r.e2e_ms.min == approx(250.0)  # what was measured
+    # at the requested length both take 100 + 9 x 50 ms
+    assert r.e2e_at_requested_ms is not None
+    assert (r.e2e_at_requested_ms.min, r.e2e_at_requested_ms.max) == (approx(550.0), approx(550.0))
+    assert r.workload_latency()["e2e_ms"] == r.e2e_at_requested_ms
+    note = r.short_output_note()
+    assert note is not None and "30% short of the 10 requested" in note
+    # 5 % short is within tolerance
+    nearly = RequestTrace(send_s=0.0, responses=tuple(0.1 + 0.05 * i for i in range(19)))
+    assert compute([nearly], {"output_tokens": 20}).short_output is None
 
 
 def test_responses_carrying_several_tokens_split_their_gap() -> None:
@@ -94,7 +136,7 @@ def test_a_stream_without_output_is_an_error() -> None:
     r = compute([RequestTrace(send_s=0.0), RequestTrace(send_s=0.0, responses=(0.2,))])
     assert (r.requests, r.errors) == (1, 1)
     assert r.error_samples == ["stream ended without output"]
-    assert r.itl_ms is None  # one token: no gap
+    assert r.itl_ms is None and r.token_gap_ms is None  # one token: no gap
     assert r.ttft_ms is not None and r.ttft_ms.p50 == approx(200.0)
 
 

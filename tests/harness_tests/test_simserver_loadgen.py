@@ -6,6 +6,7 @@ decode step at several milliseconds); nothing else depends on wall-clock speed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -25,6 +26,7 @@ SCALE = 1.0  # llama-3-8b fp8 on H100 at batch 8: ~11 ms per decode step
 
 
 def config(max_batch: int = 8, scale: float = SCALE, served: str = "llm") -> SimServerConfig:
+    """llama-3-8b fp8 on H100 (time scale `scale`), on free ports of 127.0.0.1."""
     return build_config(
         model="llama-3-8b", gpu="H100-SXM-80GB", tp=1, max_batch=max_batch, quant="fp8",
         time_scale=scale, host="127.0.0.1", port=0, http_port=0, served_model=served,
@@ -132,15 +134,45 @@ async def test_streams_one_response_per_token_and_flags_the_last(server: SimServ
     max_tokens = infer_input("sampling_param_max_tokens", "INT32", np.array([3], dtype=np.int32))
     request = {"model_name": "llm", "inputs": [text, max_tokens], "request_id": "r1"}
 
-    finals = []
+    finals, texts = [], []
     async with InferenceServerClient(f"127.0.0.1:{server.port}") as client:
         async for result, error in client.stream_infer(one(request)):
             assert error is None
             response = result.get_response()
             assert response.id == "r1"
-            assert result.as_numpy("text_output") is not None
+            texts.append(result.as_numpy("text_output")[0])
             finals.append(response.parameters["triton_final_response"].bool_param)
     assert finals == [False, False, True]
+    # Cumulative text, as NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/
+    # model.py sends it (`output.text` of each streamed RequestOutput): each response repeats the
+    # text so far and adds the new token.
+    assert [len(t.split()) for t in texts] == [1, 2, 3]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
+
+
+async def test_output_tokens_are_responses_not_words_of_a_cumulative_text(
+    server: SimServer,
+) -> None:
+    """A client that tokenized every response of the cumulative stream would count
+    1 + 2 + ... + 24 = 300 tokens per request; it is 24."""
+    result = await run_load(spec(server, requests=4, concurrency=4, warmup=0))
+    assert result.output_tokens == 4 * 24
+    assert result.short_output is None
+
+
+async def test_a_frozen_server_costs_one_timeout_and_the_run_says_why() -> None:
+    # A step of ~1e4 s: requests are admitted and never answered, as a hung engine's would be.
+    async with SimServer(config(scale=1e6)) as frozen:
+        result = await run_load(spec(frozen, concurrency=4, requests=40, warmup=0,
+                                     request_timeout_s=0.5))  # fmt: skip
+    assert result.requests == 0 and result.errors == 4  # the first wave only, no further waves
+    assert "timed out" in result.settings["stopped"]
+    async with SimServer(config(scale=1e6)) as frozen:
+        result = await run_load(spec(frozen, concurrency=4, requests=40, warmup=0,
+                                     request_timeout_s=60, deadline_s=0.5))  # fmt: skip
+    assert (result.requests, result.errors) == (0, 4)  # in flight at the deadline, not 60 s
+    assert "deadline" in result.settings["stopped"]
+    assert result.error_samples and all("deadline" in e for e in result.error_samples)
 
 
 async def test_undeclared_inputs_are_rejected_like_triton(server: SimServer) -> None:

@@ -19,9 +19,12 @@ from infertune_tuner.backends.triton import TritonBackend, default_requests, def
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.runner import classify_failure, run_trial
-from infertune_tuner.harness.triton_repo import MODEL_YAML_KEYS
 from infertune_tuner.request import TuningRequest
+from infertune_tuner.runtime import SimulatedRuntime
+from infertune_tuner.runtime.triton import MODEL_YAML_KEYS
 
+PROGRAM = (sys.executable, "-m", "infertune_tuner.harness.simserver")
+SIM_RUNTIME = SimulatedRuntime(program=PROGRAM, time_scale=0.05)
 SIM = f"{sys.executable} -m infertune_tuner.harness.simserver --host 127.0.0.1"
 TEMPLATE = (
     SIM + " --port {port} --http-port {http_port} --model {model} --gpu {gpu} --tp {tp}"
@@ -41,7 +44,8 @@ def request(model: str = "llama-3-8b", **model_fields: Any) -> TuningRequest:
 
 
 def backend(req: TuningRequest, tmp_path: Path, **kw: Any) -> TritonBackend:
-    kw.setdefault("server_command", TEMPLATE)
+    if "server_command" not in kw:
+        kw.setdefault("runtime", SIM_RUNTIME)
     kw.setdefault("requests_per_trial", 16)
     kw.setdefault("warmup", 2)
     kw.setdefault("startup_timeout_s", 30)
@@ -150,7 +154,10 @@ FAKE_LAUNCHER = textwrap.dedent(
     for flag in ("--world_size", "--model_repo", "--tensorrt_llm_model_name", "--grpc_port",
                  "--http_port", "--metrics_port"):
         p.add_argument(flag)
+    for flag in ("--no-mpi", "--trtllm_llmapi_launch", "--oversubscribe"):
+        p.add_argument(flag, action="store_true")
     a = p.parse_args()
+    assert a.no_mpi == (a.world_size == "1") and a.trtllm_llmapi_launch == (a.world_size != "1")
     version = os.path.join(a.model_repo, a.tensorrt_llm_model_name, "1")
     assert os.path.isfile(os.path.join(version, "model.py"))
     text = open(os.path.join(version, "model.yaml")).read()
@@ -185,7 +192,12 @@ def test_default_launcher_path_detaches_and_is_torn_down(
     monkeypatch.setenv("INFERTUNE_TEST_PYTHON", sys.executable)
     b = TritonBackend(request(), workdir=tmp_path / "work", requests_per_trial=8, warmup=0)
     plan = b.plan(TrialConfig(2, 4, "bf16", "auto"), tmp_path / "trial")
-    assert plan.command[:3] == ["python3", str(launcher), "--world_size=2"]
+    assert plan.command[:4] == [
+        "python3",
+        str(launcher),
+        "--world_size=2",
+        "--trtllm_llmapi_launch",
+    ]
     assert (tmp_path / "trial/model_repo/llm/1/helpers.py").is_file()
     outcome = run_trial(plan)
     assert outcome.status == "ok", outcome.reason
@@ -200,3 +212,23 @@ def test_default_launcher_without_the_llmapi_model_is_an_error(
     monkeypatch.setenv("INFERTUNE_LLMAPI_MODEL_DIR", str(tmp_path / "missing"))
     m = TritonBackend(request(), workdir=tmp_path).run(TrialConfig(1, 8, "bf16", "auto"))
     assert m.status == "error" and m.reason is not None and "model.py" in m.reason
+
+
+def test_the_token_reaches_the_server_and_nothing_infertune_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF_TOKEN (from the tuner pod's secretKeyRef, or the user's shell) flows to the trial's
+    server through the environment; no log line, reason or report of infertune carries it."""
+    token = "hf_" + "s3cr3t" * 4
+    monkeypatch.setenv("HF_TOKEN", token)
+    probe = f'sh -c \'test "$HF_TOKEN" = {token} && echo token-received; exec "$@"\' sh {TEMPLATE}'
+    b = backend(request(), tmp_path, server_command=probe)
+    m = b.run(TrialConfig(1, 4, "bf16", "auto"))
+    assert m.status == "ok", m.reason
+    (log,) = tmp_path.glob("trial-001-*/server.log")
+    text = log.read_text()
+    assert "token-received" in text and token not in text
+    assert token not in repr(m)
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert token not in f.read_text(errors="replace"), f

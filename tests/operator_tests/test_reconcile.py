@@ -13,10 +13,12 @@ from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
+from infertune_tuner.runtime import TritonRuntime
 
 from .apiserver import NS, manifest
 
 SETTINGS = Settings(operator_image="op:1", tuner_image="tuner:1", default_backend="triton")
+TRITON = TritonRuntime()
 
 
 def _body(name: str = "llm", **spec: Any) -> dict[str, Any]:
@@ -140,8 +142,13 @@ def test_gpu_job_requests_the_largest_tp_that_fits_one_node() -> None:
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == SETTINGS.tuner_image
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+    ]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
@@ -168,11 +175,11 @@ def test_gpu_job_runs_where_the_winner_will_serve() -> None:
     body["spec"]["gpu"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
     obj = _obj(body)
     job_pod = tuner_job.tuner_job(obj, body, "abcd1234", SETTINGS)["spec"]["template"]["spec"]
-    served = render_serving(obj, TrialConfig(4, 8, "bf16", "auto"), SETTINGS, simulated=False)
+    served = render_serving(obj, TrialConfig(4, 8, "bf16", "auto"), SETTINGS, runtime=TRITON)
     deployment = next(o for o in served if o["kind"] == "Deployment")
     serving_pod = deployment["spec"]["template"]["spec"]
-    assert job_pod["nodeSelector"] == serving_pod["nodeSelector"]
-    assert job_pod["tolerations"] == serving_pod["tolerations"]
+    for key in ("nodeSelector", "affinity", "tolerations", "securityContext"):
+        assert job_pod[key] == serving_pod[key], key
 
 
 def test_simulated_job_runs_on_the_operator_image_without_gpus() -> None:

@@ -78,6 +78,21 @@ def validate(
         f"{file}: valid {obj.kind} {obj.metadata.name!r}: {s.model.name} on {s.gpu.product}, "
         f"{s.workload.input_tokens} in / {s.workload.output_tokens} out, backend {backend}"
     )
+    _show_space(obj)
+
+
+def _show_space(obj: Any) -> None:
+    """The search space the backend will search, and what left it and why."""
+    from infertune_operator.api.to_request import to_request
+    from infertune_tuner.space import build_space
+
+    request = to_request(obj)
+    space = build_space(request, request.resolve_model(), request.resolve_gpu())
+    typer.echo(
+        f"  search space on the {request.tuning.backend} backend: {len(space)} configurations"
+    )
+    for e in space.excluded:
+        typer.echo(f"  excluded {e.field}={e.value}: {e.reason}")
 
 
 COMMANDS: tuple[Callable[..., Any], ...] = (

@@ -1,9 +1,9 @@
 """`infertune bench`, `infertune render`: the benchmark harness commands (`infertune simserver`
 is the tuner's own command, `infertune_tuner.harness.simserver_cli`).
 
-`bench` exits 0 when every request completed, 1 when some failed (the report is still printed;
-`errors` and `error_samples` say which), 2 when the server cannot be reached or the arguments
-are invalid.
+`bench` exits 0 when every request completed, 1 when some failed or the run stopped early (the
+report is still printed; `errors`, `error_samples` and `settings.stopped` say why), 2 when the
+server cannot be reached or the arguments are invalid.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from infertune_tuner.errors import InputError
 from infertune_tuner.metrics import LATENCY_METRICS
 
 EXIT_SOME_FAILED = 1
+DEFAULT_DEADLINE_S = 3600.0
 
 
 CONFIG_METAVAR = "tp=N,max_batch_size=N,quantization=Q[,kv_cache_dtype=D]"
@@ -81,8 +82,9 @@ def _print_table(result: Any) -> None:
     table.add_column("metric (ms)")
     for col in ("p50", "p95", "p99", "mean", "min", "max"):
         table.add_column(col, justify="right")
-    for metric in LATENCY_METRICS:
-        label, summary = metric.label, metric.of(result)
+    rows = [(m.label, m.of(result)) for m in LATENCY_METRICS]
+    rows.append(("token gaps", result.token_gap_ms))
+    for label, summary in rows:
         if summary is None:
             table.add_row(label, *["-"] * 6)
         else:
@@ -95,10 +97,18 @@ def _print_table(result: Any) -> None:
         f"requests {result.requests}  errors {result.errors}  output tokens {result.output_tokens}"
         f"  duration {result.duration_s:.2f} s  output {result.output_tokens_per_s:.1f} tok/s"
     )
-    if "warning" in s:
-        console.print(f"[yellow]warning:[/yellow] {s['warning']}", markup=True, highlight=False)
+    for warning in _warnings(result):
+        console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
     for sample in result.error_samples:
         console.print(f"[red]error:[/red] {sample}", markup=True, highlight=False)
+
+
+def _warnings(result: Any) -> list[str]:
+    out = [str(result.settings[k]) for k in ("warning", "stopped") if k in result.settings]
+    note = result.short_output_note()
+    if note is not None:
+        out.append(note.replace("E2E is each", "e2e_at_requested_ms holds each"))
+    return out
 
 
 def bench(
@@ -119,6 +129,9 @@ def bench(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of prompts and arrivals.")] = 0,
     timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 600.0,
+    deadline: Annotated[
+        float, typer.Option(help="Deadline of the whole run (warm-up included), seconds.")
+    ] = DEFAULT_DEADLINE_S,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Drive a Triton server with streaming requests; report TTFT, ITL, E2E and throughput."""
@@ -129,13 +142,14 @@ def bench(
         concurrency=concurrency if concurrency is not None or request_rate else 1,
         requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
         warmup=warmup, request_rate=request_rate, seed=seed, request_timeout_s=timeout,
+        deadline_s=deadline,
     )  # fmt: skip
     result = run_load_sync(spec)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
         _print_table(result)
-    if result.errors:
+    if result.errors or "stopped" in result.settings:
         raise typer.Exit(EXIT_SOME_FAILED)
 
 
@@ -162,13 +176,15 @@ def render(
     from infertune_operator.api.manifest import load_deployment
     from infertune_operator.render import render_serving
     from infertune_operator.settings import Settings
+    from infertune_tuner.runtime import SimulatedRuntime, TritonRuntime
 
     obj = load_deployment(spec)
     try:
         settings = Settings.from_env()
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    objects = render_serving(obj, config, settings, simulated=simulated)
+    runtime = None if simulated is None else SimulatedRuntime() if simulated else TritonRuntime()
+    objects = render_serving(obj, config, settings, runtime=runtime)
     sys.stdout.write(yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False))
 
 

@@ -91,9 +91,11 @@ def tune_job(
     fails the Job.
     """
     from infertune_operator import k8s, naming, report_store
+    from infertune_tuner.cli_support import exit_on_sigterm
     from infertune_tuner.request import TuningRequest
     from infertune_tuner.run import tune
 
+    exit_on_sigterm()
     try:
         req = TuningRequest.model_validate_json(request.read_text(encoding="utf-8"))
     except FileNotFoundError:

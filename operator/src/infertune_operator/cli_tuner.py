@@ -11,7 +11,7 @@ import typer
 
 from infertune_tuner import defaults
 from infertune_tuner.backends import BACKEND_HELP
-from infertune_tuner.cli_support import KvDtypeOption, QuantOption, one_of
+from infertune_tuner.cli_support import KvDtypeOption, QuantOption, exit_on_sigterm, one_of
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import Sampler
 
@@ -88,6 +88,7 @@ def tune(
     from infertune_tuner.run import tune as run_tune
     from infertune_tuner.run import write_report
 
+    exit_on_sigterm()
     obj = load_deployment(spec)
     request = to_request(obj, default_backend=backend.split(":")[0])
     overrides: dict[str, object] = {"backend": backend}
@@ -185,6 +186,7 @@ def predict(
         "max_concurrent_sequences": mem.max_concurrent_sequences,
         **{m.key: round(m.of(p).p50, 3) for m in LATENCY_METRICS},
         **{f"{m.key}_percentiles": m.of(p).as_dict() for m in LATENCY_METRICS},
+        "token_gap_ms_percentiles": p.token_gap_ms.as_dict(),
         "output_tokens_per_s": round(p.output_tokens_per_s, 3),
         "output_tokens_per_s_per_gpu": round(p.output_tokens_per_s_per_gpu, 3),
     }  # fmt: skip
@@ -215,6 +217,10 @@ def predict(
                 " / ".join(m.format(v) for v in m.of(p).as_dict().values()) + f" {m.unit}",
             )
             for m in LATENCY_METRICS
+        ),
+        (
+            "token gaps p50 / p95 / p99",
+            " / ".join(f"{v:.1f}" for v in p.token_gap_ms.as_dict().values()) + " ms",
         ),
         ("output tok/s", f"{p.output_tokens_per_s:.0f}"),
         ("output tok/s per GPU", f"{p.output_tokens_per_s_per_gpu:.0f}"),

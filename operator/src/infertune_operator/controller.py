@@ -321,8 +321,7 @@ def _apply_serving(
 ) -> Body | None:
     """Render Triton (or simserver) for the best config; create or patch what changed."""
     deployment: Body | None = None
-    simulated = ctx.settings.simulated(obj)
-    for rendered in render_serving(obj, config, ctx.settings, simulated=simulated):
+    for rendered in render_serving(obj, config, ctx.settings):
         desired = naming.owned(rendered, body)
         live = ctx.kube.apply(desired, changed=naming.needs_apply)
         if desired.get("kind") == "Deployment":

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infertune_operator.api.models import API_VERSION, GROUP, KIND
+from infertune_tuner.runtime import Ports
 
 Body = dict[str, Any]  # a Kubernetes object as `kubectl get -o json` shows it
 
@@ -38,9 +39,10 @@ COMPONENT_REQUEST = "tuning-request"
 COMPONENT_REPORT = "tuning-report"
 SERVING_APP = "infertune-serving"  # LABEL_NAME of the serving pods
 
-# Triton's ports (and the simulated server's, which keeps them).
-HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-PORTS = {"http": HTTP_PORT, "grpc": GRPC_PORT, "metrics": METRICS_PORT}
+# Triton's ports (and the simulated server's, which keeps them): the serving runtime's.
+_PORTS = Ports()
+HTTP_PORT, GRPC_PORT, METRICS_PORT = _PORTS.http, _PORTS.grpc, _PORTS.metrics
+PORTS = _PORTS.named()
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -11,7 +11,7 @@
 | INFERTUNE_TUNER_SERVICE_ACCOUNT   | infertune-tuner (created per namespace by the operator)   |
 | INFERTUNE_TUNER_CLUSTERROLE       | infertune-tuner (bound in each namespace it tunes in)     |
 | INFERTUNE_JOB_BACKOFF_LIMIT       | 2 (tuner pod retries before the Job fails)               |
-| INFERTUNE_MODEL_STORAGE_PVC       | unset (PVC mounted at /models in serving pods)           |
+| INFERTUNE_MODEL_STORAGE_PVC       | unset (download cache PVC at /model-cache, serving+tuner)|
 
 The tuning defaults themselves (40 trials, the triton backend) live in
 ``infertune_tuner.defaults``; these variables override them for one operator.

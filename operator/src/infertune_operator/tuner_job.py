@@ -8,6 +8,7 @@ why its pod waits (unschedulable, image pull), and a failure message a person ca
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,7 +19,6 @@ from infertune_operator.naming import (
     ANNOTATION_HASH,
     COMPONENT_REQUEST,
     COMPONENT_TUNER,
-    GPU_RESOURCE,
     LABEL_COMPONENT,
     LABEL_HASH,
     LABEL_MANAGED_BY,
@@ -30,13 +30,28 @@ from infertune_operator.naming import (
     report_configmap_name,
     request_configmap_name,
 )
-from infertune_operator.render import gpu_placement
+from infertune_operator.pods import (
+    gpu_placement,
+    model_storage,
+    resources,
+    security,
+    shm_volume,
+    token_env,
+)
 from infertune_operator.settings import Settings
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.runtime import Ports, TritonRuntime
+from infertune_tuner.runtime.weights import MissingCheckpoint, cache_gib, weights_uri
 
 REQUEST_KEY = "request.json"
 TUNER_CONTAINER = "tuner"
 CONFIG_MOUNT = "/config"
 JOB_DEADLINE_GRACE_S = 600  # the tuner stops itself at timeoutMinutes; time to write its report
+# The tuner's own work beside the trial server: the load generator (one busy core at high
+# concurrency), the study, the report.
+LOADGEN_CPU_M, LOADGEN_MEMORY_MI = 1000, 2048
+SIMULATED_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
 
 
 # ------------------------------------------------------------------ the Job and its inputs
@@ -63,6 +78,30 @@ def _tuning_metadata(body: Mapping[str, Any], object_name: str, component: str, 
     }
 
 
+def tuning_request(obj: InferenceDeployment, settings: Settings) -> TuningRequest:
+    """The TuningRequest of a spec under this operator's defaults."""
+    return to_request(
+        obj,
+        default_backend=settings.default_backend,
+        default_max_trials=settings.default_max_trials,
+        default_storage=settings.tuner_storage,
+    )
+
+
+def trial_weights(request: TuningRequest) -> list[str]:
+    """Every weights URI a trial of this request may load (the base model and the checkpoint of
+    each searched quantization that has one)."""
+    uris: list[str] = []
+    for q in request.search.quantization:
+        try:
+            uri = weights_uri(request, TrialConfig(1, 1, q, "auto"))
+        except MissingCheckpoint:
+            continue
+        if uri not in uris:
+            uris.append(uri)
+    return uris
+
+
 def request_configmap(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
 ) -> Body:
@@ -78,12 +117,7 @@ def request_configmap(
         The ConfigMap (``request.json``), owned by the InferenceDeployment.
     """
     name = body["metadata"]["name"]
-    request = to_request(
-        obj,
-        default_backend=settings.default_backend,
-        default_max_trials=settings.default_max_trials,
-        default_storage=settings.tuner_storage,
-    )
+    request = tuning_request(obj, settings)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -116,9 +150,10 @@ def tuner_job(
 
     Returns:
         The Job. Real trials run on the tuner image with :func:`tuner_gpus` GPUs on the GPU
-        pool the winner will serve on (same node selector and tolerations), with a memory-backed
-        /dev/shm for the TP ranks; simulated ones on the operator image without GPUs. The
-        deadline is the spec's timeout plus time to write the report.
+        pool the winner will serve on, with the trial server's requests, /dev/shm, model
+        storage and token (the serving runtime's pod shape at the largest TP, see `pods`) plus
+        the load generator's CPU and memory; simulated ones on the operator image without GPUs.
+        The deadline is the spec's timeout plus time to write the report.
     """
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     meta = _tuning_metadata(body, job_name(name, th), COMPONENT_TUNER, th)
@@ -136,18 +171,31 @@ def tuner_job(
     }
     if settings.simulated(obj):
         container["image"] = settings.operator_image
-        container["resources"] = {
-            "requests": {"cpu": "500m", "memory": "512Mi"},
-            "limits": {"memory": "2Gi"},
-        }
+        container["resources"] = copy.deepcopy(SIMULATED_RESOURCES)
+        pod["securityContext"], container["securityContext"] = security(runs_as_root=False)
+        # A read-only root filesystem: the study journal and the report go to /tmp.
+        pod["volumes"].append({"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}})
+        container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
     else:
-        gpus = tuner_gpus(obj)
+        request = tuning_request(obj, settings)
+        largest = TrialConfig(tuner_gpus(obj), max(request.search.max_batch_size), "bf16", "auto")
+        shape = TritonRuntime().pod(request, largest, Ports())
+        uris = trial_weights(request)
+        volumes, mounts, env, ephemeral = model_storage(
+            uris, settings, cache_gib(request, request.search.quantization)
+        )
+        shm, shm_mount = shm_volume(shape.shm)
+        overrides = obj.spec.serving.resources.model_dump() if obj.spec.serving.resources else None
         container["image"] = settings.tuner_image
-        container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
-        pod["nodeSelector"], pod["tolerations"] = gpu_placement(obj)
-        # TP ranks talk over shared memory; the default 64 MiB /dev/shm is far too small.
-        pod["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        container["resources"] = resources(
+            shape, overrides, extra_cpu_m=LOADGEN_CPU_M, extra_memory_mi=LOADGEN_MEMORY_MI,
+            ephemeral_gib=ephemeral,
+        )  # fmt: skip
+        container["env"] += [*env, *token_env(obj)]
+        container["volumeMounts"] += [*mounts, shm_mount]
+        pod["volumes"] += [*volumes, shm]
+        pod.update(gpu_placement(obj))
+        pod["securityContext"], container["securityContext"] = security(shape.runs_as_root)
     spec: Body = {
         "backoffLimit": settings.job_backoff_limit,
         "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod},

@@ -86,3 +86,21 @@ KvDtypeOption = Annotated[
 def command(app: typer.Typer, func: Callable[..., Any], name: str | None = None) -> None:
     """Register ``func`` on ``app`` as a :class:`Command` (the one way commands are added)."""
     app.command(name, cls=Command)(func)
+
+
+EXIT_TERMINATED = 128 + 15  # what a shell reports for a process ended by SIGTERM
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the command like Ctrl-C does: as an exception, so every `finally` runs (a
+    real trial tears its server down) before the process exits with 143. Without it Python dies
+    on the spot (and, as PID 1 of a container, ignores the signal)."""
+    import signal
+    import sys
+    import threading
+
+    def terminate(signum: int, frame: object) -> None:
+        sys.exit(EXIT_TERMINATED)
+
+    if threading.current_thread() is threading.main_thread():  # only there can it be set
+        signal.signal(signal.SIGTERM, terminate)

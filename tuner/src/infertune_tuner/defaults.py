@@ -17,6 +17,10 @@ SAMPLER: Final = "auto"  # model-guided (strategy.py)
 CLUSTER_BACKEND: Final = "triton"
 LOCAL_BACKEND: Final = "simulated"
 SEED: Final = 0
+# How long a server may take to become ready (download + load + CUDA graph capture): the first
+# download of a 70B model (140 GB) and its load can take well over half an hour. The serving
+# pod's startup probe and every real trial wait this long.
+STARTUP_TIMEOUT_MINUTES: Final = 60
 
 MAX_GPUS_PER_REPLICA: Final = 8
 MAX_ACCURACY_LOSS_PERCENT: Final = 1.0

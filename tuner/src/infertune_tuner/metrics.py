@@ -75,7 +75,14 @@ class ThroughputMetric:
 
 
 TTFT = LatencyMetric("ttft_ms", "TTFT", "ttft_ms", "ttft", "Time to first token.")
-ITL = LatencyMetric("itl_ms", "ITL", "itl_ms", "itl", "Inter-token latency.", decimals=1)
+# GenAI-Perf's inter-token latency, per request: percentiles over requests, not over pooled
+# token gaps (the harness reports those separately as `token_gap_ms`).
+ITL = LatencyMetric(
+    "itl_ms", "ITL", "itl_ms", "itl",
+    "Inter-token latency per request, (E2E - TTFT) / (output tokens - 1), as GenAI-Perf "
+    "defines it; percentiles over requests.",
+    decimals=1,
+)  # fmt: skip
 E2E = LatencyMetric(
     "e2e_ms", "E2E", "e2e_latency_ms", "e2e", "Request latency, send to last token."
 )

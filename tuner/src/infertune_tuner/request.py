@@ -89,6 +89,7 @@ class TuningOptions(Record):
     parallelism: Annotated[int, Field(ge=1)] = defaults.PARALLELISM
     timeout_minutes: int | None = None
     storage: str | None = None
+    startup_timeout_minutes: Annotated[int, Field(ge=1)] = defaults.STARTUP_TIMEOUT_MINUTES
 
 
 class TuningRequest(Record):

@@ -64,7 +64,8 @@ class StudyStart:
 
 def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialConfig, Prediction]:
     model, gpu, work = request.resolve_model(), request.resolve_gpu(), request.work
-    return {c: predict(model, gpu, c, work) for c in space.configs}
+    # Keyed by the configuration searched; predicted as the server runs it (space.effective).
+    return {c: predict(model, gpu, space.effective(c), work) for c in space.configs}
 
 
 def _metrics(m: Measurement) -> Metrics | None:
@@ -241,10 +242,10 @@ def tune(
     """
     started = time.monotonic()
     model, gpu = request.resolve_model(), request.resolve_gpu()
-    space = build_space(request, model, gpu)
+    backend_name = backend if isinstance(backend, str) else backend.name
+    space = build_space(request, model, gpu, backend_name)
     priors = prior_predictions(request, space)
     seed = request.tuning.seed if request.tuning.seed is not None else defaults.SEED
-    backend_name = backend if isinstance(backend, str) else backend.name
 
     workers = request.tuning.parallelism
     if backend_factory is None:

@@ -26,6 +26,7 @@ from infertune_tuner.metrics import (
 )
 from infertune_tuner.request import Sampler
 from infertune_tuner.result import Metrics
+from infertune_tuner.runtime.weights import pvc_claims
 from infertune_tuner.schema import Record, to_camel, with_fields
 
 GROUP = "infertune.io"
@@ -60,11 +61,29 @@ class ApiModel(Record):
 # ---------------------------------------------------------------- spec.model
 
 
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the InferenceDeployment's namespace."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The Secret's name.",
+    )  # fmt: skip
+    key: str = Field(
+        default="HF_TOKEN", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key holding the token (default HF_TOKEN).",
+    )  # fmt: skip
+
+
 class ModelSource(ApiModel):
     uri: str = Field(
         min_length=1,
         description="Where the weights live: pvc://claim/path, hf://org/name, s3://bucket/key.",
         pattern=r"^(pvc|hf|s3|gs|file)://.+",
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="A Hugging Face token for gated models: passed as HF_TOKEN to the tuner and "
+        "serving pods from this Secret; never copied into the request, the report or the status.",
     )
 
 
@@ -107,6 +126,19 @@ class ModelSpec(ApiModel):
         description="Quantization -> URI of a pre-quantized (ModelOpt) checkpoint.",
     )
     architecture: ArchitectureOverride | None = None
+
+    @model_validator(mode="after")
+    def _one_claim(self) -> ModelSpec:
+        # A pod mounts one PVC for the weights (read-only at /models): pvc:// URIs must share it.
+        uris = [self.source.uri] if self.source is not None else []
+        uris += list(self.checkpoints.values())
+        claims = pvc_claims(uris)
+        if len(claims) > 1:
+            raise ValueError(
+                f"every pvc:// URI (source.uri, checkpoints) must name the same claim, not "
+                f"{', '.join(claims)}: a pod mounts one claim for the weights"
+            )
+        return self
 
 
 # ---------------------------------------------------------------- spec.gpu
@@ -262,6 +294,11 @@ class ServingSpec(ApiModel):
         default=None, description="Serving image; defaults to the Triton TRT-LLM image."
     )
     resources: ResourceOverrides | None = None
+    startup_timeout_minutes: Annotated[int, Field(ge=1, le=24 * 60)] = Field(
+        default=defaults.STARTUP_TIMEOUT_MINUTES,
+        description="How long a server may take to download and load the model before it must "
+        "be ready (the serving pod's startup probe, and every tuning trial).",
+    )
 
 
 # ---------------------------------------------------------------- spec

@@ -62,5 +62,6 @@ def to_request(
             parallelism=s.tuning.parallelism,
             timeout_minutes=s.tuning.timeout_minutes,
             storage=s.tuning.storage or default_storage,
+            startup_timeout_minutes=s.serving.startup_timeout_minutes,
         ),
     )

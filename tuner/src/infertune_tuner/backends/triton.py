@@ -1,29 +1,26 @@
-"""The real backend: Triton Inference Server + TensorRT-LLM (LLM-API model), one server per trial.
+"""The real backend: one server per trial, launched and rendered by a serving runtime.
 
-For each configuration: render the model repository (`harness.triton_repo`), launch Triton on
-free ports, wait for readiness, drive the closed-loop load generator at concurrency = max batch
-size, tear the process group down, and turn the outcome into a Measurement (`oom` when the logs
-show CUDA out-of-memory, `error` with the log tail otherwise).
+For each configuration: the runtime (`infertune_tuner.runtime`, Triton + TensorRT-LLM by
+default) renders the model repository into the trial's folder and gives the launch command;
+the trial starts it on free ports, waits for readiness, drives the closed-loop load generator at
+concurrency = max batch size, tears the process group down, and turns the outcome into a
+Measurement (`oom` when the logs show CUDA out-of-memory, `error` with the log tail otherwise).
+The serving Deployment renders the same files and the same launch command from the same runtime,
+so a configuration runs in its trial exactly as it is later served.
 
-Triton is started with `launch_triton_server.py --world_size TP` (one tritonserver MPI rank per
-GPU; the LLM-API model's rank 0 drives the engine, the other ranks serve it through MPI), the
-documented multi-GPU launcher of the Triton TRT-LLM image, so trials run Triton exactly as the
-serving Deployment does. `server_command` replaces it with a template (placeholders `{port}`,
+`runtime=SimulatedRuntime(...)` runs the same trial machinery against the simulated server (the
+tests do). `server_command` replaces the launch with a template instead (placeholders `{port}`,
 `{http_port}`, `{metrics_port}`, `{tp}`, `{max_batch_size}`, `{quantization}`,
-`{kv_cache_dtype}`, `{model}`, `{gpu}`, `{model_repo}`, `{served_model}`, `{model_path}`), e.g. the
-simulated server for tests:
-
-    infertune simserver --port {port} --http-port {http_port} --model {model} --gpu {gpu}
-        --tp {tp} --max-batch {max_batch_size} --quant {quantization} --kv-dtype {kv_cache_dtype}
+`{kv_cache_dtype}`, `{model}`, `{gpu}`, `{model_repo}`, `{served_model}`, `{model_path}`).
 
 Environment: INFERTUNE_TRITON_LAUNCHER (default /app/scripts/launch_triton_server.py) and
 INFERTUNE_LLMAPI_MODEL_DIR (default /app/all_models/llmapi/tensorrt_llm/1, where model.py and
-helpers.py of the LLM-API model are copied from).
+helpers.py of the LLM-API model are copied from). The server inherits the tuner's environment
+(HF_TOKEN, HF_HOME); nothing of it is written to the trial's log or the report.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -37,21 +34,16 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.loadgen import LoadSpec
 from infertune_tuner.harness.runner import TrialPlan, free_ports, run_trial
-from infertune_tuner.harness.triton_repo import (
-    LAUNCHER,
-    LLMAPI_MODEL_DIR,
-    SERVED_MODEL,
-    MissingCheckpoint,
-    checkpoint_uri,
-    default_model_id,
-    launcher_command,
-    max_num_tokens_for,
-    model_path_for,
-    render_model_repository,
-)
 from infertune_tuner.measurement import Measurement, TrialPhase, trial_requests
-from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import TuningRequest
+from infertune_tuner.runtime import SERVED_MODEL, Ports, ServingRuntime, TritonRuntime
+from infertune_tuner.runtime.weights import (
+    SIXTEEN_BIT,
+    MissingCheckpoint,
+    checkpoint_kv_dtype,
+    model_path_for,
+    weights_uri,
+)
 
 PLACEHOLDERS = frozenset({
     "port", "http_port", "metrics_port", "tp", "max_batch_size", "quantization",
@@ -93,20 +85,28 @@ class TritonBackend:
         self,
         request: TuningRequest,
         *,
+        runtime: ServingRuntime | None = None,
         server_command: str | None = None,
         workdir: Path | None = None,
-        startup_timeout_s: float = 1800,
+        startup_timeout_s: float | None = None,
         requests_per_trial: int | None = None,
         warmup: int | None = None,
         on_phase: OnPhase | None = None,
     ) -> None:
         if server_command is not None:
             check_template(server_command)
+            if runtime is not None:
+                raise InputError("give a serving runtime or a server command template, not both")
         if requests_per_trial is not None and requests_per_trial < 1:
             raise InputError("requests per trial must be at least 1")
         self.request = request
+        self.runtime = runtime if runtime is not None else TritonRuntime.from_env()
         self.server_command = server_command
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s = (
+            startup_timeout_s
+            if startup_timeout_s is not None
+            else request.tuning.startup_timeout_minutes * 60.0
+        )
         self.requests_per_trial = requests_per_trial
         self.warmup = warmup
         self.on_phase = on_phase
@@ -115,42 +115,35 @@ class TritonBackend:
             Path(tempfile.mkdtemp(prefix="infertune-triton-")) if workdir is None else workdir
         )
         self._trials = 0
-        self._fallback_id = default_model_id(request.model.name, request.resolve_model().hf_ids)
+        self._fp8_kv: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ pieces, testable alone
     def weights_for(self, config: TrialConfig) -> str:
         """model.yaml's `model` for this config (raises MissingCheckpoint)."""
-        m = self.request.model
-        uri = checkpoint_uri(config.quantization, m.checkpoints, m.uri, self._fallback_id)
-        return model_path_for(uri)
+        return model_path_for(weights_uri(self.request, config))
 
     def plan(self, config: TrialConfig, trial_dir: Path) -> TrialPlan:
         """Render the repository into `trial_dir` and build the command and load spec."""
-        model_path = self.weights_for(config)
         repo = trial_dir / "model_repo"
-        files = render_model_repository(
-            config, model_path, served_model=SERVED_MODEL,
-            max_num_tokens=max_num_tokens_for(self.request.workload.input_tokens),
-        )  # fmt: skip
-        for rel, text in files.items():
+        for rel, text in self.runtime.model_files(self.request, config).items():
             path = repo / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
         port, http_port, metrics_port = free_ports(3)
+        ports = Ports(grpc=port, http=http_port, metrics=metrics_port)
         if self.server_command is None:
-            self._copy_llmapi_model(repo / SERVED_MODEL / "1")
-            command = launcher_command(
-                config.tp, str(repo), served_model=SERVED_MODEL, grpc_port=port,
-                http_port=http_port, metrics_port=metrics_port,
-                launcher=os.environ.get("INFERTUNE_TRITON_LAUNCHER", LAUNCHER),
-            )  # fmt: skip
+            self.runtime.assemble(repo)
+            command = self.runtime.launch_argv(
+                self.request, config, repo_dir=str(repo), ports=ports, host="127.0.0.1"
+            )
         else:
             values = {
                 "port": port, "http_port": http_port, "metrics_port": metrics_port,
                 "tp": config.tp, "max_batch_size": config.max_batch_size,
                 "quantization": config.quantization, "kv_cache_dtype": config.kv_cache_dtype,
                 "model": self.request.model.name, "gpu": self.request.gpu.product,
-                "model_repo": str(repo), "served_model": SERVED_MODEL, "model_path": model_path,
+                "model_repo": str(repo), "served_model": SERVED_MODEL,
+                "model_path": self.weights_for(config),
             }  # fmt: skip
             quoted = {k: shlex.quote(str(v)) for k, v in values.items()}
             command = shlex.split(self.server_command.format(**quoted))
@@ -177,18 +170,6 @@ class TritonBackend:
             startup_timeout_s=self.startup_timeout_s, on_phase=phase,
         )  # fmt: skip
 
-    @staticmethod
-    def _copy_llmapi_model(version_dir: Path) -> None:
-        source = Path(os.environ.get("INFERTUNE_LLMAPI_MODEL_DIR", LLMAPI_MODEL_DIR))
-        files = sorted(source.glob("*.py")) if source.is_dir() else []
-        if not any(f.name == "model.py" for f in files):
-            raise FileNotFoundError(
-                f"the TensorRT-LLM LLM-API Triton model (model.py) is not at {source}; run in the "
-                "Triton TRT-LLM image or set INFERTUNE_LLMAPI_MODEL_DIR"
-            )
-        for f in files:
-            shutil.copy2(f, version_dir / f.name)
-
     # ------------------------------------------------------------------ the interface
     def run(self, config: TrialConfig) -> Measurement:
         self._trials += 1
@@ -211,10 +192,10 @@ class TritonBackend:
                 duration_s=r.duration_s if r is not None else 0.0,
             )
         notes = [*r.error_samples]  # an ok trial may still have lost a few requests
-        if "warning" in r.settings:
-            notes.append(str(r.settings["warning"]))
+        notes += [str(r.settings[k]) for k in ("warning", "stopped") if k in r.settings]
+        notes += [n for n in (r.short_output_note(), self._kv_note(config)) if n]
         return Measurement.ok(
-            {m.key: (s.percentiles() if (s := m.of(r)) else None) for m in LATENCY_METRICS},
+            {k: (s.percentiles() if s else None) for k, s in r.workload_latency().items()},
             output_tokens_per_s_per_gpu=r.output_tokens_per_s / config.tp,
             requests=r.requests,
             errors=r.errors,
@@ -222,6 +203,18 @@ class TritonBackend:
             duration_s=r.duration_s,
             concurrency=r.peak_decoding,
         )
+
+    def _kv_note(self, config: TrialConfig) -> str | None:
+        """Says so when kv "auto" ran an FP8 KV cache because the checkpoint declares one."""
+        if config.kv_cache_dtype != "auto" or config.quantization in SIXTEEN_BIT:
+            return None
+        if config.quantization not in self._fp8_kv:
+            self._fp8_kv[config.quantization] = (
+                checkpoint_kv_dtype(self.weights_for(config)) == "fp8"
+            )
+        if not self._fp8_kv[config.quantization]:
+            return None
+        return "kv-auto ran an FP8 KV cache: the checkpoint's hf_quant_config.json declares one"
 
     def close(self) -> None:
         if self._owns_workdir:

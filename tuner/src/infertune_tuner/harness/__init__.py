@@ -7,8 +7,11 @@
   `modelled_steady_state`, the reference an ideal client would measure
 - `simserver`: a simulated Triton speaking KServe v2 gRPC (`sim_service`), driven by `engine`;
   `simserver_cli` is its command (`infertune simserver`, `python -m ...harness.simserver`)
-- `triton_repo`: the Triton model repository of TensorRT-LLM's LLM-API model (pure rendering)
 - `runner`: one real trial: start a server, wait for readiness, drive load, tear down, classify
+- `guard`: the process between the tuner and a trial server, so no server outlives the tuner
+
+What a server is (its repository files and launch command) is the serving runtime's business
+(`infertune_tuner.runtime`), shared with the operator's serving Deployment.
 
 Modules are imported on demand; importing this package loads no gRPC.
 """

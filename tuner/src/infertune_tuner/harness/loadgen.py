@@ -22,8 +22,17 @@ or `request_output_len` (engine model) exists; `streaming`/`stream` is set to tr
 `sampling_param_exclude_input_from_output` too. A model whose metadata cannot be read (unknown
 name) gets `text_input` + `max_tokens`, and its requests fail and are counted as errors.
 
+Output tokens are counted as responses carrying output, one per engine iteration (the LLM-API
+model streams each iteration's RequestOutput, `stream_interval: 1`). The text is never tokenized:
+the LLM-API model's `text_output` is cumulative (model.py sends `output.text`), so tokenizing each
+response, as GenAI-Perf does for delta streams, would count the whole text again every time.
+
 Errors are counted and sampled, never dropped; a request that errors is not completed. An
-unreachable server raises `ServerUnreachable` before any request is sent.
+unreachable server raises `ServerUnreachable` before any request is sent. A frozen server costs
+at most one per-request timeout: the first request that times out stops the run (no request is
+sent after it; those in flight keep their own timeouts), and `deadline_s` bounds the whole run
+(requests still in flight then fail with "deadline"). `settings["stopped"]` says why a run
+stopped early.
 """
 
 from __future__ import annotations
@@ -65,6 +74,7 @@ class LoadSpec:
     seed: int = 0
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
+    deadline_s: float | None = None  # the whole run, warm-up included
 
     def validate(self) -> None:
         if self.requests < 1:
@@ -79,16 +89,34 @@ class LoadSpec:
             raise InputError("warmup must not be negative")
         if self.request_rate is not None and self.request_rate <= 0:
             raise InputError("request rate must be positive")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise InputError("the deadline must be positive")
 
     def settings(self) -> dict[str, Any]:
         return {
             "url": self.url, "model": self.model, "concurrency": self.concurrency,
             "request_rate": self.request_rate, "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens, "warmup": self.warmup,
+            "deadline_s": self.deadline_s,
         }  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ one request
+
+
+@dataclass
+class _Run:
+    """What every request of one run shares: the deadline, and why the run stopped early."""
+
+    deadline: float | None = None  # clock() time
+    stopped: str | None = None
+
+    def timeout(self, per_request: float) -> tuple[float, bool]:
+        """(seconds this request may take, whether the run's deadline is what limits it)."""
+        if self.deadline is None:
+            return per_request, False
+        left = max(self.deadline - clock(), 0.0)
+        return (left, True) if left < per_request else (per_request, False)
 
 
 def _server_times(params: Any) -> tuple[float, float, float] | None:
@@ -106,13 +134,18 @@ class _StreamBroken(Exception):
 
 
 async def _collect(
-    responses: AsyncIterator[tuple[Any, Any]], request_id: str, spec: LoadSpec, send: float
+    responses: AsyncIterator[tuple[Any, Any]],
+    request_id: str,
+    spec: LoadSpec,
+    send: float,
+    run: _Run,
 ) -> RequestTrace:
     """Read one request's responses off a stream: until the final flag, an error, or (for servers
     that never flag the last response) the requested number of tokens."""
     times: list[float] = []
+    limit, by_deadline = run.timeout(spec.request_timeout_s)
     try:
-        async with asyncio.timeout(spec.request_timeout_s):
+        async with asyncio.timeout(limit):
             while True:
                 try:
                     result, err = await anext(responses)
@@ -134,6 +167,13 @@ async def _collect(
                 if len(times) >= spec.output_tokens:
                     return RequestTrace(send_s=send, responses=tuple(times))
     except TimeoutError:
+        if by_deadline:
+            run.stopped = run.stopped or f"the run's deadline ({spec.deadline_s:g} s) passed"
+            raise _StreamBroken(f"deadline reached ({len(times)} tokens received)") from None
+        run.stopped = run.stopped or (
+            f"a request timed out after {spec.request_timeout_s:g} s: the server stopped "
+            "answering, no further request was sent"
+        )
         raise _StreamBroken(
             f"timeout after {spec.request_timeout_s:g} s ({len(times)} tokens received)"
         ) from None
@@ -152,9 +192,10 @@ class _Worker:
     the stream keeps per-request client work (and so measurement overhead) small; a broken
     stream fails the request in flight and is reopened for the next."""
 
-    def __init__(self, client: InferenceServerClient, spec: LoadSpec) -> None:
+    def __init__(self, client: InferenceServerClient, spec: LoadSpec, run: _Run) -> None:
         self.client = client
         self.spec = spec
+        self.run = run
         self._queue: asyncio.Queue[dict[str, Any] | None] | None = None
         self._call: Any = None
         self._responses: AsyncIterator[tuple[Any, Any]] | None = None
@@ -179,7 +220,7 @@ class _Worker:
         send = clock()
         queue.put_nowait({"model_name": self.spec.model, "inputs": inputs, "request_id": rid})
         try:
-            return await _collect(responses, rid, self.spec, send)
+            return await _collect(responses, rid, self.spec, send, self.run)
         except _StreamBroken as exc:
             self.close()
             return _failed(send, [], str(exc))
@@ -194,11 +235,15 @@ class _Worker:
 
 
 async def one_request(
-    client: InferenceServerClient, spec: LoadSpec, template: RequestTemplate, index: int
+    client: InferenceServerClient,
+    spec: LoadSpec,
+    template: RequestTemplate,
+    index: int,
+    run: _Run | None = None,
 ) -> RequestTrace:
     """One request on a stream of its own (request-rate mode, where requests overlap)."""
     inputs = template.build(index, spec.seed, spec.input_tokens, spec.output_tokens)
-    worker = _Worker(client, spec)
+    worker = _Worker(client, spec, run or _Run())
     try:
         return await worker.send(index, inputs)
     finally:
@@ -237,7 +282,7 @@ async def _closed_loop(
 
     async def work(worker: _Worker) -> None:
         nonlocal next_index
-        if next_index >= end:
+        if next_index >= end or worker.run.stopped:
             return
         i, next_index = next_index, next_index + 1
         inputs = build(i)
@@ -250,7 +295,7 @@ async def _closed_loop(
                 await asyncio.sleep(0)
                 next_inputs = build(nxt)
             traces.append(await pending)
-            if nxt is None:
+            if nxt is None or worker.run.stopped:
                 return
             i, inputs = nxt, next_inputs
 
@@ -264,6 +309,7 @@ async def _request_rate(
     template: RequestTemplate,
     first: int,
     count: int,
+    run: _Run,
 ) -> list[RequestTrace]:
     assert spec.request_rate is not None
     rng = random.Random(f"arrivals:{spec.seed}:{first}")
@@ -274,11 +320,13 @@ async def _request_rate(
 
     async def send(i: int) -> RequestTrace:
         if cap is None:
-            return await one_request(client, spec, template, i)
+            return await one_request(client, spec, template, i, run)
         async with cap:
-            return await one_request(client, spec, template, i)
+            return await one_request(client, spec, template, i, run)
 
     for i in range(first, first + count):
+        if run.stopped or (run.deadline is not None and clock() >= run.deadline):
+            break
         delay = t - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -315,19 +363,20 @@ async def run_load(
     spec.validate()
     hook = on_phase or (lambda _: None)
     cpu0, wall0 = time.process_time(), clock()
+    run = _Run(deadline=wall0 + spec.deadline_s if spec.deadline_s is not None else None)
     async with InferenceServerClient(spec.url) as client:
         await check_live(client, spec)
         template = await negotiate(client, spec.model)
         if spec.request_rate is not None:
             if spec.warmup:
                 hook("warm-up")
-                await _request_rate(client, spec, template, 0, spec.warmup)
+                await _request_rate(client, spec, template, 0, spec.warmup, run)
             hook("measuring")
-            traces = await _request_rate(client, spec, template, spec.warmup, spec.requests)
+            traces = await _request_rate(client, spec, template, spec.warmup, spec.requests, run)
         else:
             # The workers and their streams live across warm-up and measurement, so opening
             # streams is never part of a measured request.
-            workers = [_Worker(client, spec) for _ in range(spec.concurrency or 1)]
+            workers = [_Worker(client, spec, run) for _ in range(spec.concurrency or 1)]
             for w in workers:
                 w.open()
             try:
@@ -351,6 +400,8 @@ async def run_load(
         )
     if template.metadata_error:
         settings["metadata_error"] = template.metadata_error
+    if run.stopped:
+        settings["stopped"] = run.stopped
     return compute(traces, settings)
 
 

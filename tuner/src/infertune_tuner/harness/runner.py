@@ -1,9 +1,10 @@
 """One real benchmark trial: start a server, wait until it is ready, drive load, tear it down.
 
-The server runs in a process group of its own (`start_new_session`), so teardown reaches every
-process it spawned: `launch_triton_server.py` starts `mpirun` (one tritonserver rank per GPU) in
-the background and exits at once, which is why liveness is "does the group still have a member",
-not "is my child running". Its stdout and stderr go to one log file, which failure
+The server runs under `guard` in a process group of its own (`start_new_session`, the guard
+leads it), so teardown reaches every process it spawned: `launch_triton_server.py` starts
+tritonserver (or mpirun) in the background and exits at once, which is why liveness is "does the
+group still have a member", not "is my child running". The guard also ends the server when the
+tuner itself dies (SIGKILL included): no trial server, and none of its GPUs, outlives the tuner. Its stdout and stderr go to one log file, which failure
 classification reads: CUDA out-of-memory messages make a trial `oom`, anything else `error` with
 the last 40 log lines as the reason.
 """
@@ -71,8 +72,13 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
+def guarded(parent: int) -> list[str]:
+    """The guard's command line before a server command (see `guard`)."""
+    return [sys.executable, "-m", "infertune_tuner.harness.guard", "--parent", str(parent), "--"]
+
+
 class ServerProcess:
-    """A server command in its own process group, output to a log file."""
+    """A server command (under its guard) in its own process group, output to a log file."""
 
     def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, log: IO[bytes]) -> None:
         self.popen = popen
@@ -84,7 +90,7 @@ class ServerProcess:
         cls, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
     ) -> ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = _resolve_own_script(argv)
+        argv = [*guarded(os.getpid()), *_resolve_own_script(argv)]
         log = open(log_path, "wb")  # noqa: SIM115 -- closed in stop()
         try:
             popen = subprocess.Popen(

@@ -3,7 +3,9 @@
 One decoupled model shaped like TensorRT-LLM's LLM-API Triton model (`text_input` in,
 `text_output` out, `streaming`, `sampling_param_max_tokens`, plus `input_ids` and `max_tokens`);
 requests are decoded as Triton would validate them, scheduled by `engine.Engine` in ONE asyncio
-loop, and answered one response per token, the last flagged `triton_final_response`.
+loop, and answered one response per token, the last flagged `triton_final_response`. Each
+response's `text_output` holds the text generated so far, as upstream's model.py sends it
+(`output.text` of the LLM API's streamed RequestOutput is cumulative).
 `simserver` runs it (see there for the server around it).
 """
 
@@ -32,6 +34,7 @@ DEFAULT_MAX_TOKENS = 128
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.60.0-infertune-simserver"
 RESYNC_S = 0.05  # a step that wakes this late restarts the clock instead of catching up
+TOKEN = b" tok"  # the text of one generated token
 
 # (name, KServe datatype, model-config type, dims, optional)
 _INPUTS: tuple[tuple[str, str, int, tuple[int, ...], bool], ...] = (
@@ -237,7 +240,7 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
         out.name = "text_output"
         out.datatype = "BYTES"
         out.shape.append(1)
-        resp.raw_output_contents.append(_text_bytes(b" tok"))
+        resp.raw_output_contents.append(_text_bytes(b""))
         resp.parameters["triton_final_response"].bool_param = False
         return pb.ModelStreamInferResponse(infer_response=resp)
 
@@ -305,18 +308,17 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
             h = em.seq.handle
             if not isinstance(h, _Handle):
                 continue
+            response = pb.ModelStreamInferResponse()
+            response.CopyFrom(h.token)
+            response.infer_response.raw_output_contents[0] = _text_bytes(TOKEN * em.seq.generated)
             if em.final:
-                final = pb.ModelStreamInferResponse()
-                final.CopyFrom(h.token)
-                params = final.infer_response.parameters
+                params = response.infer_response.parameters
                 params["triton_final_response"].bool_param = True
                 params["infertune_received_ns"].int64_param = int(em.seq.received_s * 1e9)
                 first = em.seq.first_token_s
                 params["infertune_first_token_ns"].int64_param = int((first or 0.0) * 1e9)
                 params["infertune_last_token_ns"].int64_param = now_ns
-                h.stream.queue.put_nowait((final, True))
-            else:
-                h.stream.queue.put_nowait((h.token, False))
+            h.stream.queue.put_nowait((response, em.final))
 
     async def run_scheduler(self) -> None:
         loop = asyncio.get_running_loop()

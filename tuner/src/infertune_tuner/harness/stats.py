@@ -1,15 +1,23 @@
 """From per-request timestamps to benchmark statistics (pure; no I/O, no numpy).
 
-Definitions follow NVIDIA GenAI-Perf:
+Definitions follow NVIDIA GenAI-Perf (triton-inference-server/perf_analyzer,
+genai-perf/genai_perf/profile_data_parser/llm_profile_data_parser.py, `_parse_requests`):
 
 - TTFT (time to first token) = send -> first response carrying output tokens.
-- ITL (inter-token latency) = the gap between successive output tokens of one request. We pool the
-  *true* gaps of every completed request (a response carrying k tokens contributes k gaps of
-  gap/k), so p99 shows the stalls a decode step suffers when other requests' prefills run in it.
-  GenAI-Perf's per-request average, (E2E - TTFT) / (tokens - 1), is `itl_mean_per_request_ms`.
+- ITL (inter-token latency) = per request, (E2E - TTFT) / (output tokens - 1), for requests with
+  more than one response and more than one token; percentiles over requests. This is what the
+  SLO's `itlMs` bounds.
+- Token gaps (`token_gap_ms`) = the gaps between successive output tokens of every request,
+  pooled (a response carrying k tokens contributes k gaps of gap/k): p99 shows the stalls a
+  decode step suffers when other requests' prefills run in it. Reported, never bounded.
 - E2E (request latency) = send -> last response.
 - Output throughput = output tokens of completed requests / benchmark window, where the window
   runs from the first send of a measured request to the last response of a measured request.
+- Output length: a request's output tokens are its responses carrying output (the LLM-API model
+  streams one response per generated token, `stream_interval: 1`). A run whose mean output
+  length falls more than 5 % short of the requested length ended early (EOS): its E2E flatters
+  the workload, so `e2e_at_requested_ms` gives each request's E2E at the requested length,
+  TTFT + (requested - 1) x its ITL, and `short_output` says by how much it fell short.
 
 Percentiles interpolate linearly between closest ranks (numpy's default, which GenAI-Perf uses).
 Times are seconds on one monotonic clock; reported latencies are milliseconds.
@@ -26,6 +34,7 @@ from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles
 
 MAX_ERROR_SAMPLES = 5
+SHORT_OUTPUT = 0.05  # a mean output length more than this share below the requested: early EOS
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,12 @@ class RequestTrace:
 
     def e2e_s(self) -> float:
         return self.responses[-1] - self.send_s
+
+    def itl_s(self) -> float | None:
+        """GenAI-Perf's inter-token latency of this request: (E2E - TTFT) / (tokens - 1)."""
+        if len(self.responses) < 2 or self.output_tokens < 2:
+            return None
+        return (self.e2e_s() - self.ttft_s()) / (self.output_tokens - 1)
 
     def gaps_s(self) -> list[float]:
         """True inter-token gaps (k tokens in one response: k gaps of gap/k)."""
@@ -139,12 +154,15 @@ class BenchResult:
     errors: int
     error_samples: list[str]
     ttft_ms: Summary | None
-    itl_ms: Summary | None
+    itl_ms: Summary | None  # per request, GenAI-Perf's definition (what the SLO bounds)
     e2e_ms: Summary | None
-    itl_mean_per_request_ms: Summary | None
+    token_gap_ms: Summary | None  # pooled gaps between tokens (reported, not bounded)
     output_tokens: int
     output_tokens_per_s: float
     duration_s: float
+    requested_output_tokens: int | None = None
+    # E2E of each request at the requested output length (None when nothing completed).
+    e2e_at_requested_ms: Summary | None = None
     server_ttft_ms: Summary | None = None  # from server-reported timestamps, when present
     server_e2e_ms: Summary | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -155,6 +173,40 @@ class BenchResult:
     def sent(self) -> int:
         return self.requests + self.errors
 
+    @property
+    def output_tokens_mean(self) -> float | None:
+        return self.output_tokens / self.requests if self.requests else None
+
+    @property
+    def short_output(self) -> float | None:
+        """How far the mean output length fell short of the requested (0.31 = 31 % short), when
+        by more than SHORT_OUTPUT; None otherwise."""
+        mean, want = self.output_tokens_mean, self.requested_output_tokens
+        if mean is None or not want:
+            return None
+        if mean >= want * (1 - SHORT_OUTPUT) - 1e-9:
+            return None
+        return 1 - mean / want
+
+    def workload_latency(self) -> dict[str, Summary | None]:
+        """Each registered latency metric's summary for the workload as requested: when the run
+        fell short (`short_output`), E2E at the requested length, the others as measured."""
+        out = {m.key: m.of(self) for m in LATENCY_METRICS}
+        if self.short_output is not None and self.e2e_at_requested_ms is not None:
+            out["e2e_ms"] = self.e2e_at_requested_ms
+        return out
+
+    def short_output_note(self) -> str | None:
+        """What a report says about a run that fell short (None when it did not)."""
+        short, mean = self.short_output, self.output_tokens_mean
+        if short is None or mean is None:
+            return None
+        return (
+            f"outputs averaged {mean:.0f} tokens, {short:.0%} short of the "
+            f"{self.requested_output_tokens} requested (the model stopped early, EOS): E2E is "
+            "each request's at the requested length (TTFT + (tokens - 1) x its ITL)"
+        )
+
     def to_json(self) -> dict[str, Any]:
         def d(s: Summary | None) -> dict[str, float | int] | None:
             return s.as_dict() if s is not None else None
@@ -164,8 +216,12 @@ class BenchResult:
             "errors": self.errors,
             "error_samples": list(self.error_samples),
             **{m.key: d(m.of(self)) for m in LATENCY_METRICS},
-            "itl_mean_per_request_ms": d(self.itl_mean_per_request_ms),
+            "token_gap_ms": d(self.token_gap_ms),
             "output_tokens": self.output_tokens,
+            "output_tokens_mean": self.output_tokens_mean,
+            "requested_output_tokens": self.requested_output_tokens,
+            "short_output": self.short_output,
+            "e2e_at_requested_ms": d(self.e2e_at_requested_ms),
             "output_tokens_per_s": self.output_tokens_per_s,
             "duration_s": self.duration_s,
         }
@@ -190,6 +246,15 @@ def error_samples(traces: Iterable[RequestTrace], limit: int = MAX_ERROR_SAMPLES
     return seen
 
 
+def _e2e_at(t: RequestTrace, requested: int) -> float:
+    """The request's E2E had it produced `requested` tokens at its own pace (its measured E2E
+    when it did, or when it has no pace: a single token)."""
+    itl = t.itl_s()
+    if t.output_tokens >= requested or itl is None:
+        return t.e2e_s()
+    return t.ttft_s() + (requested - 1) * itl
+
+
 def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = None) -> BenchResult:
     """Statistics over measured requests. A request that errored, or that ended without a single
     output token, counts as an error and contributes no latency sample."""
@@ -202,9 +267,9 @@ def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = No
     ttft = [t.ttft_s() * 1e3 for t in done]
     e2e = [t.e2e_s() * 1e3 for t in done]
     gaps = [g * 1e3 for t in done for g in t.gaps_s()]
-    per_req = [
-        (t.e2e_s() - t.ttft_s()) / (t.output_tokens - 1) * 1e3 for t in done if t.output_tokens > 1
-    ]
+    itl = [x * 1e3 for t in done if (x := t.itl_s()) is not None]
+    want = (settings or {}).get("output_tokens")
+    requested = int(want) if isinstance(want, int) and want > 0 else None
     tokens = sum(t.output_tokens for t in done)
     if normalized:
         start = min(t.send_s for t in normalized)
@@ -220,12 +285,16 @@ def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = No
         errors=len(failed),
         error_samples=error_samples(failed),
         ttft_ms=summarize(ttft),
-        itl_ms=summarize(gaps),
+        itl_ms=summarize(itl),
         e2e_ms=summarize(e2e),
-        itl_mean_per_request_ms=summarize(per_req),
+        token_gap_ms=summarize(gaps),
         output_tokens=tokens,
         output_tokens_per_s=tokens / duration if duration > 0 else 0.0,
         duration_s=duration,
+        requested_output_tokens=requested,
+        e2e_at_requested_ms=summarize(_e2e_at(t, requested) * 1e3 for t in done)
+        if requested
+        else None,
         server_ttft_ms=summarize(server_ttft),
         server_e2e_ms=summarize(server_e2e),
         settings=dict(settings or {}),

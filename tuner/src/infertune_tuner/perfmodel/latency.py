@@ -18,21 +18,31 @@ KV cache on a GPU with FP8 tensor cores (TensorRT-LLM's FP8 FMHA), else 16-bit.
 Closed loop at concurrency B (each finished request is replaced at once). A step admits new
 requests until their prompts fill the token budget (max_num_tokens = 8192), so k =
 min(B, max_num_tokens // ISL) prefills share a step; with fixed lengths the loop settles into
-B/k cohorts that finish, return and are admitted together:
+B/k cohorts that finish, return and are admitted together, one after another (a train):
 
     cohort    = t_decode(B) + k * t_prefill          (the step that carries a cohort's prefills)
     step      = t_decode(B) + (B-k)/OSL * t_prefill  (other cohorts' prefills, averaged)
-    TTFT      = cohort
-    E2E       = TTFT + (OSL-1) * step
+    E2E       = cohort + (OSL-1) * step
     tok/s/GPU = B * OSL / E2E / TP
 
-ITL percentiles land in the long (cohort) steps once their share of a request's gaps passes
-1 - percentile. The simulated Triton server's engine (harness/engine.py) schedules the same way
-step by step, so the two agree.
+TTFT: a returning request misses the step that begins as its predecessor's last token comes out
+(the client needs a round trip; the engine starts its next step at once), so it waits through
+that step, then through its own admission step. In the train, the step it waits through is the
+admission step of the cohort ahead of it (the first cohort waits through a plain decode step;
+with a single cohort nobody is decoding and nothing is waited for). Cohort sizes follow the
+engine's budget rule exactly: a cohort is admitted while its prompts fit max_num_tokens minus one
+token per sequence still decoding. The simulated server's engine (harness/engine.py) schedules the
+same way step by step, and behind a real client (any turnaround > 0) its TTFT agrees with this.
+
+ITL is GenAI-Perf's, per request: (E2E - TTFT) / (OSL - 1), percentiles over requests, which are
+narrow (every request sees about the same mix of steps). The pooled gaps between tokens
+(`token_gap_ms`) land in the long (cohort) steps once their share of a request's gaps passes
+1 - percentile; they are reported, not bounded.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -74,8 +84,9 @@ class Prediction:
     prefill_ms: float
     decode_step_ms: float
     ttft_ms: Percentiles
-    itl_ms: Percentiles
+    itl_ms: Percentiles  # per request (GenAI-Perf)
     e2e_ms: Percentiles
+    token_gap_ms: Percentiles  # pooled gaps between tokens
     output_tokens_per_s: float
     output_tokens_per_s_per_gpu: float
     prefill_share: float  # fraction of step time spent in other requests' prefills
@@ -92,6 +103,45 @@ def _ramp(x: float, center: float, width: float) -> float:
 
 def _blend(lo: float, hi: float, w: float) -> float:
     return lo + (hi - lo) * w
+
+
+def admitted_per_step(batch: int, input_tokens: int, max_num_tokens: int) -> int:
+    """How many returning requests one step admits: while their prompts fit the token budget,
+    max_num_tokens minus one token per sequence still decoding (at least one, at most the batch)."""
+    k = max(1, min(batch, max_num_tokens // max(input_tokens, 1)))
+    while k > 1 and k * input_tokens > max_num_tokens - (batch - k):
+        k -= 1
+    return k
+
+
+def _weighted_quantile(values: list[tuple[float, int]], q: float) -> float:
+    """The q-quantile of values given with their counts (the lower value at a tie)."""
+    ordered = sorted(values)
+    total = sum(n for _, n in ordered)
+    seen = 0
+    for v, n in ordered:
+        seen += n
+        if seen >= q * total - 1e-9:
+            return v
+    return ordered[-1][0]
+
+
+def ttft_train(
+    batch: int, input_tokens: int, max_num_tokens: int, t_decode: float, t_prefill: float,
+    context_overhead: float,
+) -> list[tuple[float, int]]:  # fmt: skip
+    """(TTFT, requests) of each cohort of the closed loop's train (see the module docstring)."""
+    k = admitted_per_step(batch, input_tokens, max_num_tokens)
+    sizes = [k] * (batch // k) + ([batch % k] if batch % k else [])
+
+    def admission(n: int) -> float:
+        return t_decode + n * t_prefill + context_overhead
+
+    if len(sizes) == 1:
+        return [(admission(sizes[0]), sizes[0])]
+    out = [(t_decode + admission(sizes[0]), sizes[0])]
+    out += [(admission(a) + admission(b), b) for a, b in itertools.pairwise(sizes)]
+    return out
 
 
 class StepModel:
@@ -227,7 +277,7 @@ def predict(
     # Admission: one engine step takes new requests until their prompts fill the token budget
     # (max_num_tokens, minus one token per decoding sequence), so up to k prefills share a step.
     # With fixed lengths a closed loop settles into cohorts of k requests that finish, return
-    # and are admitted together: each cohort's TTFT is the step that carries its k prefills.
+    # and are admitted together (TTFT: `ttft_train`, which sizes cohorts by the exact rule).
     k = max(1, min(b, max_num_tokens // isl))
     cohorts = math.ceil(b / k)
     # A step that carries prefills runs without CUDA graphs: it pays the context-step overhead.
@@ -236,28 +286,34 @@ def predict(
     interference = (b - k) / osl * t_pre + min(1.0, (cohorts - 1) / osl) * o_ctx
     step = t_dec + interference
     share = interference / step
-    ttft50 = cohort_step
+    train = ttft_train(b, isl, max_num_tokens, t_dec, t_pre, o_ctx)
     ttft = Percentiles(
-        ttft50,
-        ttft50 * 1.05 + k * t_pre * min(1.0, 2 * cohorts / osl),
-        ttft50 * 1.10 + k * t_pre * min(1.0, 4 * cohorts / osl),
+        _weighted_quantile(train, 0.50),
+        _weighted_quantile(train, 0.95) * 1.05,
+        _weighted_quantile(train, 0.99) * 1.10,
     )
-    # ITL: a request's gaps are short decode steps, except where another cohort's prefills
-    # ride along; a percentile lands in those long gaps once their share passes
+    ttft50 = ttft.p50
+    # Pooled token gaps: a request's gaps are short decode steps, except where another cohort's
+    # prefills ride along; a percentile lands in those long gaps once their share passes
     # 1 - percentile (ramped, since real step times blur).
     frac = min(1.0, (cohorts - 1) / osl)
     long_step = cohort_step
-    itl = Percentiles(
+    gaps = Percentiles(
         _blend(t_dec, long_step, _ramp(frac, 0.5, 0.1)),
         _blend(t_dec * 1.06, long_step, _ramp(frac, 0.05, 0.04)),
         _blend(t_dec * 1.12, long_step * 1.08, _ramp(frac, 0.01, 0.01)),
     )
-    e2e50 = ttft50 + (osl - 1) * step
+    # E2E does not depend on where the wait is counted: what TTFT waits through, the decode
+    # phase does not (and at least every token takes a decode step).
+    e2e50 = max(cohort_step + (osl - 1) * step, ttft50 + (osl - 1) * t_dec)
+    spread95, spread99 = 0.02 + 0.06 * share, 0.04 + 0.10 * share
     e2e = Percentiles(
         e2e50,
-        e2e50 + (ttft.p95 - ttft50) + e2e50 * (0.02 + 0.06 * share),
-        e2e50 + (ttft.p99 - ttft50) + e2e50 * (0.04 + 0.10 * share),
+        e2e50 + (ttft.p95 - ttft50) + e2e50 * spread95,
+        e2e50 + (ttft.p99 - ttft50) + e2e50 * spread99,
     )
+    itl50 = (e2e50 - ttft50) / (osl - 1) if osl > 1 else t_dec
+    itl = Percentiles(itl50, itl50 * (1 + spread95), itl50 * (1 + spread99))
     tps = b * osl / (e2e50 / 1e3)
     return Prediction(
         config=cfg,
@@ -267,6 +323,7 @@ def predict(
         ttft_ms=ttft,
         itl_ms=itl,
         e2e_ms=e2e,
+        token_gap_ms=gaps,
         output_tokens_per_s=tps,
         output_tokens_per_s_per_gpu=tps / cfg.tp,
         prefill_share=share,

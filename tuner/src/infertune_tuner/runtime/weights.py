@@ -1,0 +1,202 @@
+"""Which weights a configuration loads, where they sit in the server's filesystem, and what the
+checkpoint says about itself (pure, except `checkpoint_kv_dtype`, which reads one small file).
+
+- A 16-bit configuration loads the base model (`spec.model.source.uri`, else the catalog's
+  Hugging Face id); every other quantization loads a pre-quantized ModelOpt checkpoint
+  (`spec.model.checkpoints.<q>`): TensorRT-LLM's PyTorch backend does not quantize at load time.
+- `pvc://claim/path` is mounted read-only at `/models` (path `/models/path`); Hugging Face ids
+  download into the model cache at `/model-cache` (`HF_HOME=/model-cache/huggingface`), a
+  separate mount so that a deployment may mix both.
+- A ModelOpt checkpoint's `hf_quant_config.json` may declare an FP8 KV cache
+  (`quantization.kv_cache_quant_algo: FP8`): TensorRT-LLM then runs `kv_cache_config.dtype: auto`
+  as FP8 (NVIDIA/TensorRT-LLM tensorrt_llm/_torch/model_config.py,
+  `ModelConfig.load_modelopt_quant_config`; `KvCacheConfig.dtype` "auto" follows the checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from infertune_tuner.catalog.quantization import QUANTIZATIONS
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.request import TuningRequest
+
+MODELS_ROOT = "/models"  # a pvc:// claim, read-only
+CACHE_ROOT = "/model-cache"  # downloads (HF_HOME)
+HF_HOME = f"{CACHE_ROOT}/huggingface"
+SIXTEEN_BIT = frozenset({"bf16", "fp16"})
+QUANT_CONFIG_FILE = "hf_quant_config.json"
+GIB = 1024**3
+# Room beside the weights in a download cache: tokenizer, config, partial downloads.
+CACHE_HEADROOM = 1.1
+CACHE_EXTRA_GIB = 8
+
+
+class MissingCheckpoint(ValueError):
+    """A quantized configuration needs a pre-quantized checkpoint the request does not name."""
+
+
+def checkpoint_uri(
+    quantization: str, checkpoints: Mapping[str, str], base_uri: str | None, fallback: str
+) -> str:
+    """The weights a configuration loads: the checkpoint for its quantization; the base model for
+    16-bit; `fallback` (a Hugging Face id) when no base URI is given."""
+    if quantization in checkpoints:
+        return checkpoints[quantization]
+    if quantization in SIXTEEN_BIT:
+        return base_uri or fallback
+    raise MissingCheckpoint(
+        f"{quantization} needs a pre-quantized (ModelOpt) checkpoint, and none is given: set "
+        f"spec.model.checkpoints.{quantization} (TensorRT-LLM's PyTorch backend does not "
+        "quantize at load time)"
+    )
+
+
+def default_model_id(name: str, hf_ids: Sequence[str] = ()) -> str:
+    """The Hugging Face id to load when no URI is given: the name itself when it is one (has a
+    slash), else the catalog entry's first id, else the name."""
+    if "/" in name:
+        return name.removeprefix("hf://")
+    return hf_ids[0] if hf_ids else name
+
+
+def split_pvc(uri: str) -> tuple[str, str] | None:
+    """`pvc://claim/some/path` -> ("claim", "some/path"); None for other schemes."""
+    if not uri.startswith("pvc://"):
+        return None
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    return claim, path.strip("/")
+
+
+def model_path_for(uri: str, models_root: str = MODELS_ROOT) -> str:
+    """What model.yaml's `model` holds for a URI: a local path or a Hugging Face id.
+
+    pvc://claim/path -> <models_root>/path (the claim is mounted there); hf://org/name ->
+    org/name; file:///abs -> /abs; anything else (s3://, gs://, a bare id or path) unchanged,
+    for a loader or init step that understands it.
+    """
+    pvc = split_pvc(uri)
+    if pvc is not None:
+        return f"{models_root.rstrip('/')}/{pvc[1]}" if pvc[1] else models_root
+    if uri.startswith("hf://"):
+        return uri.removeprefix("hf://")
+    if uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    return uri
+
+
+def _fallback_id(request: TuningRequest) -> str:
+    try:
+        hf_ids = request.resolve_model().hf_ids
+    except Exception:  # an unknown model with an architecture override has no catalog ids
+        hf_ids = ()
+    return default_model_id(request.model.name, hf_ids)
+
+
+def weights_uri(request: TuningRequest, config: TrialConfig) -> str:
+    """The URI of the weights `config` loads (raises MissingCheckpoint)."""
+    m = request.model
+    return checkpoint_uri(config.quantization, m.checkpoints, m.uri, _fallback_id(request))
+
+
+def base_uri(request: TuningRequest) -> str:
+    """The 16-bit base model's URI (what a server loads when no checkpoint applies)."""
+    return request.model.uri or _fallback_id(request)
+
+
+def missing_checkpoints(request: TuningRequest, quantizations: Iterable[str]) -> list[str]:
+    """The quantizations of `quantizations` that have no weights to load."""
+    return [q for q in quantizations if q not in SIXTEEN_BIT and q not in request.model.checkpoints]
+
+
+def uses_model_cache(uris: Iterable[str]) -> bool:
+    """Whether any of these weights is downloaded (not mounted from a PVC)."""
+    return any(split_pvc(u) is None for u in uris)
+
+
+def pvc_claims(uris: Iterable[str]) -> list[str]:
+    """The PVCs these weights live on, in order, each once."""
+    out: list[str] = []
+    for u in uris:
+        pvc = split_pvc(u)
+        if pvc is not None and pvc[0] not in out:
+            out.append(pvc[0])
+    return out
+
+
+def cache_gib(request: TuningRequest, quantizations: Iterable[str]) -> int:
+    """A download cache big enough for every downloaded checkpoint of `quantizations` (whole
+    GiB): the model's parameters at each format's bytes per weight, plus headroom."""
+    try:
+        model = request.resolve_model()
+    except Exception:
+        return CACHE_EXTRA_GIB * 4
+    total = 0.0
+    seen: set[str] = set()
+    for q in quantizations:
+        try:
+            uri = weights_uri(request, TrialConfig(1, 1, q, "auto"))
+        except MissingCheckpoint:
+            continue
+        if uri in seen or split_pvc(uri) is not None:
+            continue
+        seen.add(uri)
+        spec = QUANTIZATIONS.get(q)
+        total += model.params * (spec.weight_bytes if spec else 2.0)
+    return math.ceil(total * CACHE_HEADROOM / GIB) + CACHE_EXTRA_GIB
+
+
+# ---------------------------------------------------------------------- the checkpoint's word
+
+
+def kv_dtype_from_quant_config(doc: Mapping[str, Any]) -> str | None:
+    """ "fp8" when a ModelOpt `hf_quant_config.json` declares an FP8 KV cache, else None.
+
+    The file's shape (ModelOpt's unified Hugging Face export):
+    ``{"producer": {...}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}``.
+    """
+    q = doc.get("quantization")
+    if not isinstance(q, Mapping):
+        return None
+    algo = q.get("kv_cache_quant_algo")
+    return "fp8" if isinstance(algo, str) and algo.upper() == "FP8" else None
+
+
+def _read_local(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _read_hub(repo_id: str) -> dict[str, Any] | None:
+    """The file from the Hugging Face Hub when `huggingface_hub` is installed (it is in the
+    tuner image) and the repository has it; None otherwise (offline, gated without a token)."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        return None
+    try:
+        local = hf_hub_download(repo_id, QUANT_CONFIG_FILE)
+    except Exception:
+        return None
+    return _read_local(Path(local))
+
+
+def checkpoint_kv_dtype(model_path: str) -> str | None:
+    """The KV-cache dtype a checkpoint declares ("fp8"), or None when it declares none or the
+    file cannot be read here. `model_path` is model.yaml's `model`: a local path (a mounted PVC,
+    file://) or a Hugging Face id."""
+    local = Path(model_path)
+    if local.is_absolute():
+        doc = _read_local(local / QUANT_CONFIG_FILE) if local.is_dir() else None
+    elif "://" not in model_path and model_path.count("/") == 1:
+        doc = _read_hub(model_path)
+    else:
+        doc = None
+    return kv_dtype_from_quant_config(doc) if doc is not None else None
