@@ -209,3 +209,14 @@ def test_broken_setup_aborts_early_and_a_fixed_rerun_retries(tmp_path: Path) -> 
     again = tune(req, backend=backend, out_dir=tmp_path)
     assert again.best is not None, "errors of an earlier run are retried once the set-up works"
     assert all(t.state == "complete" for t in again.trials if t.executed)
+
+
+def test_a_space_of_one_configuration_is_measured(tmp_path: Path) -> None:
+    # Optuna never asks a sampler for parameters that have a single choice each.
+    req = request(tps=[2], batches=[64], quants=["fp8"], max_trials=5)
+    req = req.model_copy(
+        update={"search": req.search.model_copy(update={"kv_cache_dtype": ["fp8"]})}
+    )
+    report = tune(req, backend="simulated", out_dir=tmp_path)
+    assert report.best is not None and report.best.config.tp == 2
+    assert 1 <= report.executed_trials <= 2

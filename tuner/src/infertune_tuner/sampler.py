@@ -98,13 +98,20 @@ class AutoSampler(BaseSampler):
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
+        decision = self.decision_for(study, trial.number)
+        return decision.config.as_dict() if decision.config is not None else {}
+
+    def decision_for(self, study: Study, number: int) -> Decision:
+        """Decide what trial `number` measures (once; Optuna never asks the sampler when every
+        parameter has a single choice, so the objective asks here instead)."""
         with self._lock:
-            decision = self._decide(self._with_pending(self._known(study, None), trial.number))
-            self.decisions[trial.number] = decision
-            if decision.config is None:
-                return {}
-            self._pending[trial.number] = decision.config
-            return decision.config.as_dict()
+            if number in self.decisions:
+                return self.decisions[number]
+            decision = self._decide(self._with_pending(self._known(study, None), number))
+            self.decisions[number] = decision
+            if decision.config is not None:
+                self._pending[number] = decision.config
+            return decision
 
     def sample_independent(
         self,

@@ -302,7 +302,8 @@ class Search:
             cfg = config_of(params)
             purpose = "explore"
             if self.auto is not None:
-                decision = self.auto.decisions.pop(trial.number, None)
+                decision = self.auto.decision_for(self.study, trial.number)
+                self.auto.decisions.pop(trial.number, None)
                 if decision is None or decision.config != cfg:
                     reason = decision.stop_reason if decision else None
                     self._skip(trial, cfg, reason or "nothing to measure now", done=True)
