@@ -1,7 +1,8 @@
 """The benchmark harness: what turns a running Triton server into TTFT/ITL/E2E and throughput.
 
 - `stats`: per-request traces -> percentiles (pure, GenAI-Perf definitions)
-- `loadgen`: tritonclient.grpc.aio streaming load generator (closed loop / request rate), with
+- `loadgen`: tritonclient.grpc.aio streaming load generator (closed loop / request rate) for a
+  `load_spec.LoadSpec`; `stream`: one streaming request (a closed-loop worker's stream);
   `prompts`: the inputs a model's metadata asks for, synthetic prompts
 - `engine`: continuous-batching engine timed by the performance model (pure), and
   `modelled_steady_state`, the reference an ideal client would measure

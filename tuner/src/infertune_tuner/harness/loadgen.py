@@ -38,21 +38,21 @@ stopped early.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Literal
 
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from infertune_tuner.errors import InputError
+from infertune_tuner.harness.load_spec import LoadSpec, clock
 from infertune_tuner.harness.prompts import RequestTemplate
 from infertune_tuner.harness.stats import BenchResult, RequestTrace, compute
+from infertune_tuner.harness.stream import RunState, Worker, message, one_request
 
-clock = time.monotonic  # CLOCK_MONOTONIC on Linux: the simulated server's clock too
+__all__ = ["LoadSpec", "ServerUnreachable", "negotiate", "one_request", "run_load"]
 
 CLIENT_SATURATED = 0.7  # CPU share above which client queueing starts to show in latencies
 
@@ -61,213 +61,11 @@ class ServerUnreachable(InputError):
     """The server did not answer a liveness check."""
 
 
-@dataclass(frozen=True)
-class LoadSpec:
-    url: str
-    model: str
-    concurrency: int | None = 1  # closed loop: workers; request rate: cap (None = no cap)
-    requests: int = 100
-    input_tokens: int = 128
-    output_tokens: int = 128
-    warmup: int = 0
-    request_rate: float | None = None
-    seed: int = 0
-    request_timeout_s: float = 600.0
-    connect_timeout_s: float = 10.0
-    deadline_s: float | None = None  # the whole run, warm-up included
-
-    def validate(self) -> None:
-        if self.requests < 1:
-            raise InputError("requests must be at least 1")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise InputError("concurrency must be at least 1")
-        if self.request_rate is None and self.concurrency is None:
-            raise InputError("closed-loop mode needs a concurrency")
-        if self.input_tokens < 1 or self.output_tokens < 1:
-            raise InputError("input and output tokens must be at least 1")
-        if self.warmup < 0:
-            raise InputError("warmup must not be negative")
-        if self.request_rate is not None and self.request_rate <= 0:
-            raise InputError("request rate must be positive")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            raise InputError("the deadline must be positive")
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            "url": self.url, "model": self.model, "concurrency": self.concurrency,
-            "request_rate": self.request_rate, "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens, "warmup": self.warmup,
-            "deadline_s": self.deadline_s,
-        }  # fmt: skip
-
-
-# ------------------------------------------------------------------------------ one request
-
-
-@dataclass
-class _Run:
-    """What every request of one run shares: the deadline, and why the run stopped early."""
-
-    deadline: float | None = None  # clock() time
-    stopped: str | None = None
-
-    def timeout(self, per_request: float) -> tuple[float, bool]:
-        """(seconds this request may take, whether the run's deadline is what limits it)."""
-        if self.deadline is None:
-            return per_request, False
-        left = max(self.deadline - clock(), 0.0)
-        return (left, True) if left < per_request else (per_request, False)
-
-
-def _server_times(params: Any) -> tuple[float, float, float] | None:
-    if "infertune_received_ns" not in params:
-        return None
-    return (
-        params["infertune_received_ns"].int64_param / 1e9,
-        params["infertune_first_token_ns"].int64_param / 1e9,
-        params["infertune_last_token_ns"].int64_param / 1e9,
-    )
-
-
-class _StreamBroken(Exception):
-    pass
-
-
-async def _collect(
-    responses: AsyncIterator[tuple[Any, Any]],
-    request_id: str,
-    spec: LoadSpec,
-    send: float,
-    run: _Run,
-) -> RequestTrace:
-    """Read one request's responses off a stream: until the final flag, an error, or (for servers
-    that never flag the last response) the requested number of tokens."""
-    times: list[float] = []
-    limit, by_deadline = run.timeout(spec.request_timeout_s)
-    try:
-        async with asyncio.timeout(limit):
-            while True:
-                try:
-                    result, err = await anext(responses)
-                except StopAsyncIteration:
-                    raise _StreamBroken("stream closed before the last response") from None
-                now = clock()
-                if err is not None:
-                    return _failed(send, times, _message(err))
-                response = result.get_response()
-                if response.id and response.id != request_id:
-                    continue  # a late response of an earlier request on this stream
-                if response.outputs:
-                    times.append(now)
-                params = response.parameters
-                if "triton_final_response" in params and params["triton_final_response"].bool_param:
-                    return RequestTrace(
-                        send_s=send, responses=tuple(times), server=_server_times(params)
-                    )
-                if len(times) >= spec.output_tokens:
-                    return RequestTrace(send_s=send, responses=tuple(times))
-    except TimeoutError:
-        if by_deadline:
-            run.stopped = run.stopped or f"the run's deadline ({spec.deadline_s:g} s) passed"
-            raise _StreamBroken(f"deadline reached ({len(times)} tokens received)") from None
-        run.stopped = run.stopped or (
-            f"a request timed out after {spec.request_timeout_s:g} s: the server stopped "
-            "answering, no further request was sent"
-        )
-        raise _StreamBroken(
-            f"timeout after {spec.request_timeout_s:g} s ({len(times)} tokens received)"
-        ) from None
-    except _StreamBroken:
-        raise
-    except Exception as exc:  # grpc.aio.AioRpcError and friends: count, never crash the run
-        raise _StreamBroken(_message(exc)) from None
-
-
-def _failed(send: float, times: list[float], error: str) -> RequestTrace:
-    return RequestTrace(send_s=send, responses=tuple(times), error=error, end_s=clock())
-
-
-class _Worker:
-    """One closed-loop worker: one long-lived stream, one request in flight at a time. Reusing
-    the stream keeps per-request client work (and so measurement overhead) small; a broken
-    stream fails the request in flight and is reopened for the next."""
-
-    def __init__(self, client: InferenceServerClient, spec: LoadSpec, run: _Run) -> None:
-        self.client = client
-        self.spec = spec
-        self.run = run
-        self._queue: asyncio.Queue[dict[str, Any] | None] | None = None
-        self._call: Any = None
-        self._responses: AsyncIterator[tuple[Any, Any]] | None = None
-
-    def open(self) -> tuple[asyncio.Queue[dict[str, Any] | None], AsyncIterator[Any]]:
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-
-        async def requests() -> AsyncIterator[dict[str, Any]]:
-            while (item := await queue.get()) is not None:
-                yield item
-
-        self._call = self.client.stream_infer(requests())
-        self._queue, self._responses = queue, aiter(self._call)
-        return queue, self._responses
-
-    async def send(self, index: int, inputs: list[Any]) -> RequestTrace:
-        if self._queue is None or self._responses is None:
-            queue, responses = self.open()
-        else:
-            queue, responses = self._queue, self._responses
-        rid = str(index)
-        send = clock()
-        queue.put_nowait({"model_name": self.spec.model, "inputs": inputs, "request_id": rid})
-        try:
-            return await _collect(responses, rid, self.spec, send, self.run)
-        except _StreamBroken as exc:
-            self.close()
-            return _failed(send, [], str(exc))
-
-    def close(self) -> None:
-        if self._queue is not None:
-            self._queue.put_nowait(None)
-        if self._call is not None:
-            with contextlib.suppress(Exception):
-                self._call.cancel()
-        self._queue = self._call = self._responses = None
-
-
-async def one_request(
-    client: InferenceServerClient,
-    spec: LoadSpec,
-    template: RequestTemplate,
-    index: int,
-    run: _Run | None = None,
-) -> RequestTrace:
-    """One request on a stream of its own (request-rate mode, where requests overlap)."""
-    inputs = template.build(index, spec.seed, spec.input_tokens, spec.output_tokens)
-    worker = _Worker(client, spec, run or _Run())
-    try:
-        return await worker.send(index, inputs)
-    finally:
-        worker.close()
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, InferenceServerException):
-        text = exc.message() or str(exc)
-    else:
-        details = getattr(exc, "details", None)
-        text = details() if callable(details) else str(exc)
-        code = getattr(exc, "code", None)
-        if callable(code):
-            with contextlib.suppress(Exception):
-                text = f"{code().name}: {text}"
-    return " ".join(str(text).split())[:300] or type(exc).__name__
-
-
 # ------------------------------------------------------------------------------ the run
 
 
 async def _closed_loop(
-    workers: list[_Worker],
+    workers: list[Worker],
     spec: LoadSpec,
     template: RequestTemplate,
     first: int,
@@ -280,7 +78,7 @@ async def _closed_loop(
     def build(i: int) -> list[Any]:
         return template.build(i, spec.seed, spec.input_tokens, spec.output_tokens)
 
-    async def work(worker: _Worker) -> None:
+    async def work(worker: Worker) -> None:
         nonlocal next_index
         if next_index >= end or worker.run.stopped:
             return
@@ -309,7 +107,7 @@ async def _request_rate(
     template: RequestTemplate,
     first: int,
     count: int,
-    run: _Run,
+    run: RunState,
 ) -> list[RequestTrace]:
     assert spec.request_rate is not None
     rng = random.Random(f"arrivals:{spec.seed}:{first}")
@@ -340,7 +138,7 @@ async def negotiate(client: InferenceServerClient, model: str) -> RequestTemplat
         metadata = await client.get_model_metadata(model)
         config = await client.get_model_config(model)
     except InferenceServerException as exc:
-        return RequestTemplate.fallback(_message(exc))
+        return RequestTemplate.fallback(message(exc))
     return RequestTemplate.from_metadata(metadata, int(config.config.max_batch_size))
 
 
@@ -348,7 +146,7 @@ async def check_live(client: InferenceServerClient, spec: LoadSpec) -> None:
     try:
         live = await client.is_server_live(client_timeout=spec.connect_timeout_s)
     except Exception as exc:
-        raise ServerUnreachable(f"cannot reach Triton at {spec.url}: {_message(exc)}") from None
+        raise ServerUnreachable(f"cannot reach Triton at {spec.url}: {message(exc)}") from None
     if not live:
         raise ServerUnreachable(f"Triton at {spec.url} reports it is not live")
 
@@ -363,7 +161,7 @@ async def run_load(
     spec.validate()
     hook = on_phase or (lambda _: None)
     cpu0, wall0 = time.process_time(), clock()
-    run = _Run(deadline=wall0 + spec.deadline_s if spec.deadline_s is not None else None)
+    run = RunState(deadline=wall0 + spec.deadline_s if spec.deadline_s is not None else None)
     async with InferenceServerClient(spec.url) as client:
         await check_live(client, spec)
         template = await negotiate(client, spec.model)
@@ -376,7 +174,7 @@ async def run_load(
         else:
             # The workers and their streams live across warm-up and measurement, so opening
             # streams is never part of a measured request.
-            workers = [_Worker(client, spec, run) for _ in range(spec.concurrency or 1)]
+            workers = [Worker(client, spec, run) for _ in range(spec.concurrency or 1)]
             for w in workers:
                 w.open()
             try:
