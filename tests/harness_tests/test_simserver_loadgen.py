@@ -1,7 +1,9 @@
 """The load generator against the simulated Triton server, end to end over real gRPC on 127.0.0.1.
 
-Only the modelled-vs-measured ITL is checked against a bound (5%, at a time scale that keeps a
-decode step at several milliseconds); nothing else depends on wall-clock speed.
+Only ITL is checked against bounds: the client's ITL against the server's own timestamps (5 %:
+the harness must measure what the server did, however busy the machine), and the server's
+against the model it runs on (20 %: a loaded machine oversleeps its steps). Nothing else depends
+on wall-clock speed.
 """
 
 from __future__ import annotations
@@ -58,11 +60,12 @@ async def test_closed_loop_measures_the_modelled_itl(server: SimServer) -> None:
     assert result.requests == 16  # exactly the measured requests; warm-up left out
     assert result.output_tokens == 16 * 24
     assert result.itl_ms is not None and model.itl_ms is not None
-    expected = model.itl_ms.p50 * SCALE
-    assert result.itl_ms.p50 == pytest.approx(expected, rel=0.05)
+    assert result.server_e2e_ms is not None and result.server_ttft_ms is not None
+    served_itl = (result.server_e2e_ms.p50 - result.server_ttft_ms.p50) / (24 - 1)
+    assert result.itl_ms.p50 == pytest.approx(served_itl, rel=0.05)
+    assert served_itl == pytest.approx(model.itl_ms.p50 * SCALE, rel=0.20)
     assert result.ttft_ms is not None and result.e2e_ms is not None
     assert result.ttft_ms.p50 < result.e2e_ms.p50
-    assert result.server_e2e_ms is not None  # the server reports its own timings
     assert result.output_tokens_per_s > 0 and result.duration_s > 0
 
 
