@@ -13,13 +13,29 @@ inferencedeployments              get
 inferencedeployments/status       patch
 jobs (batch)                      get, list, create, delete
 configmaps                        get, list, create, patch, delete
-deployments (apps)                get, create, patch
-services                          get, create, patch
+deployments (apps)                get, patch (+ create: a server-side apply that creates)
+services                          get, patch (+ create: a server-side apply that creates)
 pods                              list
 pods/log                          get
 serviceaccounts                   get, create
 rolebindings (rbac)               get, create  (+ ``bind`` on the tuner ClusterRole)
 ================================  ==========================================================
+
+How each kind of object is written (the choice is per object type):
+
+* The serving objects (model-repo ConfigMap, Deployment, Service) are server-side applied
+  (:meth:`Kube.apply`, field manager ``infertune``, forced): they follow the spec over time, and
+  only server-side apply removes what a new render leaves out (a JSON merge patch of the whole
+  object keeps every key the patch does not mention: a dropped nodeSelector key, the toleration of
+  an earlier GPU pool) while keeping what others add (an annotation, a sidecar's field).
+* The tuner Job and its request ConfigMap are created once (:meth:`Kube.create`): both are named
+  by the tuning hash, a Job's pod template is immutable, and a new spec means a new Job.
+* The tuner's ServiceAccount and RoleBinding are get-or-create (:meth:`Kube.ensure`): shared by
+  every InferenceDeployment of the namespace, never changed.
+* The status is a JSON merge patch of the status subresource: only the keys the operator owns.
+
+Failed calls raise the errors of ``kube_errors`` (4xx :class:`ClientError`, 5xx
+:class:`ServerError`, :class:`Unreachable`), the client's exception chained as the cause.
 
 Kopf itself additionally watches inferencedeployments, jobs and deployments (list, watch),
 patches inferencedeployments (its annotations), posts events, and reads CRDs and namespaces.
@@ -43,56 +59,28 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from infertune_operator.naming import Body
+# The errors are part of this boundary's interface (``k8s.NotFound``): re-exported.
+from infertune_operator.kube_errors import ClientError as ClientError
+from infertune_operator.kube_errors import Conflict as Conflict
+from infertune_operator.kube_errors import Forbidden as Forbidden
+from infertune_operator.kube_errors import KubeConfigError as KubeConfigError
+from infertune_operator.kube_errors import KubeError as KubeError
+from infertune_operator.kube_errors import NotFound as NotFound
+from infertune_operator.kube_errors import ServerError as ServerError
+from infertune_operator.kube_errors import Unreachable as Unreachable
+from infertune_operator.kube_errors import from_response, unreachable
+from infertune_operator.naming import MANAGER, Body
 
 MERGE_PATCH = "application/merge-patch+json"
+# Server-side apply: the body is the object as we want it (JSON is valid YAML).
+APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = MANAGER  # "infertune": the field manager of everything the operator writes
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_TIMEOUT_S: tuple[float, float] = (5.0, 30.0)  # (connect, read)
 # Kept-alive connections per API server: one per concurrent caller, or urllib3 opens and drops
 # a connection per request beyond it. Callers: Kopf's handler threads (handlers.HANDLER_THREADS)
 # and the resync's executor thread.
 CONNECTION_POOL_MAXSIZE = 64
-
-
-# ------------------------------------------------------------------ errors
-
-
-class KubeError(Exception):
-    """Any failed call to the Kubernetes API (or no usable client configuration)."""
-
-    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-class KubeConfigError(KubeError):
-    """No in-cluster service account and no usable kubeconfig."""
-
-
-class NotFound(KubeError):
-    pass
-
-
-class Conflict(KubeError):
-    pass
-
-
-class Forbidden(KubeError):
-    pass
-
-
-def _error(exc: ApiException, what: str) -> KubeError:
-    status = int(exc.status or 0)
-    message = f"{what}: HTTP {status} {exc.reason or ''}".strip()
-    try:
-        payload = json.loads(exc.body) if exc.body else {}
-    except (TypeError, ValueError):
-        payload = {}
-    if isinstance(payload, dict) and payload.get("message"):
-        message = f"{what}: {payload['message']}"
-    cls = {404: NotFound, 409: Conflict, 403: Forbidden}.get(status, KubeError)
-    return cls(message, status=status, reason=str(exc.reason or ""))
 
 
 # ------------------------------------------------------------------ resources
@@ -231,12 +219,13 @@ class Kube:
             response = self._api.call_api(*serialized, _request_timeout=self.timeout)
             data = response.read()
         except ApiException as exc:
-            raise _error(exc, what) from None
-        except Exception as exc:  # urllib3 connection errors and the like
-            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from None
+            raise from_response(
+                int(exc.status or 0), str(exc.reason or ""), exc.body, what
+            ) from exc
+        except Exception as exc:  # urllib3 connection errors, TLS, timeouts
+            raise unreachable(exc, what) from exc
         if not 200 <= response.status <= 299:
-            raise _error(ApiException(status=response.status, reason=response.reason,
-                                      body=data.decode("utf-8", "replace")), what)  # fmt: skip
+            raise from_response(response.status, str(response.reason or ""), data, what)
         if raw:
             return data.decode("utf-8", "replace")
         return json.loads(data) if data else {}
@@ -313,19 +302,36 @@ class Kube:
 
     # ---- composite helpers
 
-    def apply(self, desired: Body, *, changed: Callable[[Body, Body], bool] | None = None) -> Body:
-        """Create, or merge-patch the whole desired object onto the live one. ``changed(live,
-        desired)``, when given, says whether an existing object needs the patch at all."""
+    def server_side_apply(self, desired: Body) -> Body:
+        """Server-side apply ``desired`` as field manager ``infertune``, forcing conflicts.
+
+        Creates the object when it is absent. The API server keeps, per field manager, the set
+        of fields each one last applied (``metadata.managedFields``): a field infertune applied
+        before and leaves out now is removed, unless another manager also owns it; fields other
+        managers set are left alone. ``force``: a field another manager took over (say someone
+        edited the Deployment's image) is taken back, as a controller must.
+        See https://kubernetes.io/docs/reference/using-api/server-side-apply/
+        """
         res = resource_of(desired)
         meta = desired["metadata"]
-        live = self.get(res, meta.get("namespace"), meta["name"])
-        if live is not None and changed is not None and not changed(live, desired):
-            return live
-        if live is None:
-            obj, created = self.create(desired)
-            if created:
-                return obj
-        return self.patch(res, meta.get("namespace"), meta["name"], desired)
+        name = meta["name"]
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        result: Body = self._call(
+            "PATCH", res.path(meta.get("namespace"), name), body=desired, query=query,
+            content_type=APPLY_PATCH, what=f"apply {res.plural}/{name}",
+        )  # fmt: skip
+        return result
+
+    def apply(self, desired: Body, *, changed: Callable[[Body, Body], bool] | None = None) -> Body:
+        """Server-side apply (:meth:`server_side_apply`) unless ``changed(live, desired)`` says
+        the live object needs nothing (the render-hash skip: one GET instead of a write)."""
+        if changed is not None:
+            res = resource_of(desired)
+            meta = desired["metadata"]
+            live = self.get(res, meta.get("namespace"), meta["name"])
+            if live is not None and not changed(live, desired):
+                return live
+        return self.server_side_apply(desired)
 
     def ensure(self, body: Body) -> bool:
         """Get-or-create (for shared objects the operator never changes). True if created."""
