@@ -36,6 +36,7 @@ from kmock._internal.k8s import KubernetesError
 
 from infertune_operator.k8s import Kube
 from infertune_operator.settings import Settings
+from infertune_tuner.result import Report
 
 from . import apply_emulation as emulation
 
@@ -385,6 +386,28 @@ def declare_resources(handler: FakeApiServer) -> None:
 
 def api_url(api: FakeApiServer) -> str:
     return str(api.url).rstrip("/")
+
+
+async def seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) -> Report:
+    """A report ConfigMap for this spec's hash, as a finished tuner Job would have left it
+    (replacing the report of an earlier spec, as the next tuner Job would)."""
+    from infertune_operator import reconcile, report_store
+    from infertune_operator.api.to_request import to_request
+    from infertune_tuner.run import tune
+
+    name = body["metadata"]["name"]
+    th = reconcile.tuning_hash(body["spec"], SETTINGS)
+    obj, problems = reconcile.validate(body)
+    assert obj is not None, problems
+    report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / f"{name}-{th}")
+    cm = report_store.report_configmap(
+        name=name, namespace=NS, report_json=report.to_json(), th=th, owner_uid=None
+    )
+    if get(api, "configmaps", cm["metadata"]["name"]) is None:
+        await post(api, "configmaps", cm)
+    else:
+        await patch(api, "configmaps", cm["metadata"]["name"], cm)
+    return report
 
 
 # ------------------------------------------------------------------ playing the controllers

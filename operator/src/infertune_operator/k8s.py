@@ -218,14 +218,14 @@ class Kube:
             )
             response = self._api.call_api(*serialized, _request_timeout=self.timeout)
             data = response.read()
+            if not 200 <= response.status <= 299:  # the client's own exception, chained below
+                text = data.decode("utf-8", "replace")
+                ApiException.from_response(http_resp=response, body=text, data=None)
         except ApiException as exc:
-            raise from_response(
-                int(exc.status or 0), str(exc.reason or ""), exc.body, what
-            ) from exc
+            status, reason = int(exc.status or 0), str(exc.reason or "")
+            raise from_response(status, reason, exc.body, what) from exc
         except Exception as exc:  # urllib3 connection errors, TLS, timeouts
             raise unreachable(exc, what) from exc
-        if not 200 <= response.status <= 299:
-            raise from_response(response.status, str(response.reason or ""), data, what)
         if raw:
             return data.decode("utf-8", "replace")
         return json.loads(data) if data else {}

@@ -1,0 +1,212 @@
+"""Server-side apply and the classification of API errors (k8s.py against the emulator)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from infertune_operator import conditions, k8s, kube_errors, naming, reconcile_serving
+from infertune_operator.api.models import QUANTITY_PATTERN
+from infertune_tuner.config import TrialConfig
+
+from . import apply_emulation
+from .apiserver import NS, FakeApiServer, api_url, get, path_of
+
+
+def _deployment(
+    selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    limits: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "containers": [{"name": "triton", "image": "triton:1",
+                        "resources": {"limits": limits or {"cpu": "2"}}}],
+    }  # fmt: skip
+    if selector is not None:
+        pod["nodeSelector"] = selector
+    if tolerations is not None:
+        pod["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llm", "namespace": NS, "labels": {"app": "llm"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "llm"}},
+            "template": {"metadata": {"labels": {"app": "llm"}}, "spec": pod},
+        },
+    }
+
+
+def _pod(api: FakeApiServer) -> dict[str, Any]:
+    live = get(api, "deployments", "llm")
+    assert live is not None
+    pod: dict[str, Any] = live["spec"]["template"]["spec"]
+    return pod
+
+
+async def _patch_as(api: FakeApiServer, manager: str, body: dict[str, Any]) -> None:
+    """Another client (kubectl, an autoscaler) changes the Deployment with a merge patch."""
+    path = path_of("deployments", "llm")
+    async with api.patch(path, json=body, params={"fieldManager": manager}) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def test_apply_removes_what_the_new_render_leaves_out(api: FakeApiServer) -> None:
+    kube = k8s.Kube.for_url(api_url(api))
+    toleration = {"key": "pool-a", "operator": "Exists"}
+    first = _deployment({"pool": "a", "zone": "z1"}, [toleration])
+    created = await asyncio.to_thread(kube.apply, first)
+    assert created["metadata"]["uid"]
+    assert _pod(api)["nodeSelector"] == {"pool": "a", "zone": "z1"}
+
+    # A JSON merge patch of the new render would keep zone and the toleration.
+    second = await asyncio.to_thread(kube.apply, _deployment({"pool": "a"}))
+    assert second["metadata"]["uid"] == created["metadata"]["uid"]
+    assert _pod(api)["nodeSelector"] == {"pool": "a"}
+    assert "tolerations" not in _pod(api)
+
+    await asyncio.to_thread(kube.apply, _deployment())
+    assert "nodeSelector" not in _pod(api)
+    live = get(api, "deployments", "llm") or {}
+    (entry,) = live["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"]) == (naming.MANAGER, "Apply")
+
+
+async def test_apply_keeps_what_other_managers_set_and_takes_back_its_own(
+    api: FakeApiServer,
+) -> None:
+    kube = k8s.Kube.for_url(api_url(api))
+    await asyncio.to_thread(kube.apply, _deployment({"pool": "a", "zone": "z1"}))
+    await _patch_as(api, "kubectl-annotate", {"metadata": {"annotations": {"owner": "team-ml"}}})
+    # Someone else takes over a field infertune applied (same key, another value) ...
+    await _patch_as(api, "kubectl-edit", {"spec": {"template": {"spec": {
+        "nodeSelector": {"zone": "z2"}, "priorityClassName": "high",
+    }}}})  # fmt: skip
+
+    await asyncio.to_thread(kube.apply, _deployment({"pool": "b"}))
+    live = get(api, "deployments", "llm") or {}
+    assert live["metadata"]["annotations"] == {"owner": "team-ml"}
+    # ... so dropping zone from the render leaves their value; their own field stays too.
+    assert _pod(api)["nodeSelector"] == {"pool": "b", "zone": "z2"}
+    assert _pod(api)["priorityClassName"] == "high"
+
+    # A field infertune applies is infertune's again (force): edited replicas are put back.
+    await _patch_as(api, "kubectl-edit", {"spec": {"replicas": 5}})
+    await asyncio.to_thread(kube.apply, _deployment({"pool": "b"}))
+    assert (get(api, "deployments", "llm") or {})["spec"]["replicas"] == 1
+
+
+async def test_the_render_hash_skips_an_unchanged_object(api: FakeApiServer) -> None:
+    kube = k8s.Kube.for_url(api_url(api))
+    owner = {"apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment",
+             "metadata": {"name": "llm", "namespace": NS, "uid": "u-1"}}  # fmt: skip
+    desired = naming.owned(_deployment({"pool": "a"}), owner)
+    await asyncio.to_thread(kube.apply, desired, changed=naming.needs_apply)
+    await asyncio.to_thread(kube.apply, desired, changed=naming.needs_apply)
+    patches = [r for r in api if r.method == "PATCH" and r.resource and r.name == "llm"]
+    assert len(patches) == 1
+
+
+async def test_apply_without_force_meets_the_conflict_the_server_reports(
+    api: FakeApiServer,
+) -> None:
+    """The emulator holds to the semantics the operator's ``force=true`` answers."""
+    kube = k8s.Kube.for_url(api_url(api))
+    await asyncio.to_thread(kube.apply, _deployment())
+    await _patch_as(api, "kubectl-edit", {"spec": {"replicas": 3}})
+    headers = {"Content-Type": apply_emulation.APPLY_CONTENT_TYPE}
+    path = path_of("deployments", "llm")
+    async with api.patch(path, json=_deployment(), headers=headers,
+                         params={"fieldManager": naming.MANAGER}) as resp:  # fmt: skip
+        assert resp.status == 409
+        assert 'conflict with "kubectl-edit"' in (await resp.json())["message"]
+
+
+async def test_a_malformed_quantity_is_a_400_client_error_with_the_servers_message(
+    api: FakeApiServer,
+) -> None:
+    kube = k8s.Kube.for_url(api_url(api))
+    with pytest.raises(k8s.ClientError) as caught:
+        await asyncio.to_thread(kube.apply, _deployment(limits={"cpu": "lots"}))
+    err = caught.value
+    assert (err.status, err.reason, err.retryable) == (400, "BadRequest", False)
+    assert str(err).startswith('apply deployments/llm: Deployment in version "v1" cannot be')
+    assert "quantities must match the regular expression" in str(err)
+    assert isinstance(err.__cause__, ApiException)  # the client's own error, chained
+    assert get(api, "deployments", "llm") is None
+
+
+async def test_a_negative_quantity_is_a_422_with_the_field(api: FakeApiServer) -> None:
+    kube = k8s.Kube.for_url(api_url(api))
+    await asyncio.to_thread(kube.apply, _deployment())
+    with pytest.raises(k8s.ClientError) as caught:
+        await asyncio.to_thread(kube.apply, _deployment(limits={"cpu": "-1"}))
+    assert (caught.value.status, caught.value.reason) == (422, "Invalid")
+    assert "spec.template.spec.containers[0].resources.limits.cpu" in str(caught.value)
+    assert "must be greater than or equal to 0" in str(caught.value)
+    assert _pod(api)["containers"][0]["resources"]["limits"] == {"cpu": "2"}  # unchanged
+
+
+@pytest.mark.parametrize(
+    ("status", "cls", "retryable"),
+    [
+        (400, kube_errors.ClientError, False),
+        (403, kube_errors.Forbidden, False),
+        (404, kube_errors.NotFound, False),
+        (409, kube_errors.Conflict, True),
+        (422, kube_errors.ClientError, False),
+        (429, kube_errors.ClientError, True),
+        (500, kube_errors.ServerError, True),
+        (503, kube_errors.ServerError, True),
+    ],
+)
+def test_errors_are_classified_by_status(
+    status: int, cls: type[kube_errors.KubeError], retryable: bool
+) -> None:
+    body = '{"kind": "Status", "reason": "Why", "message": "the server says no"}'
+    err = kube_errors.from_response(status, "HTTP reason", body, "apply deployments/x")
+    assert type(err) is cls and err.status == status and err.retryable is retryable
+    assert str(err) == "apply deployments/x: the server says no" and err.reason == "Why"
+    bare = kube_errors.from_response(status, "Bad Gateway", "<html>", "get x")
+    assert str(bare) == f"get x: HTTP {status} Bad Gateway" and bare.reason == "Bad Gateway"
+
+
+def test_a_dead_server_is_unreachable_with_the_cause_chained() -> None:
+    kube = k8s.Kube.for_url("http://127.0.0.1:9")  # discard port: connection refused
+    kube.timeout = (0.5, 0.5)
+    with pytest.raises(k8s.Unreachable) as caught:
+        kube.get(k8s.DEPLOYMENTS, NS, "x")
+    assert caught.value.retryable and caught.value.__cause__ is not None
+
+
+QUANTITIES = ["2", "500m", "1.5", ".5", "1.", "16Gi", "1Ki", "2k", "1e3", "1E-2", "100n",
+              "5u", "1E", "+1", "-1", "lots", "", ".", "1K", "1Ki5", "1.2.3", "1e", "1e1.5",
+              "2 Gi", "1mi", "0x10"]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", QUANTITIES)
+def test_the_crd_pattern_accepts_exactly_what_the_api_server_parses(value: str) -> None:
+    """The models' (and CRD's) pattern agrees with apimachinery's ParseQuantity as the
+    emulator reproduces it: what admission lets through, the Deployment can carry."""
+    parses = (apply_emulation.quantity_problem(value) or (0, ""))[0] != 400
+    assert bool(re.fullmatch(QUANTITY_PATTERN, value)) is parses
+
+
+def test_apply_failed_keeps_a_previous_ready_configuration_serving() -> None:
+    config = TrialConfig(1, 8, "bf16", "auto")
+    ready = {"conditions": [{"type": "Ready", "status": "True", "reason": "DeploymentAvailable"}]}
+    t = reconcile_serving.apply_failed(config, "422 says no", None, ready)
+    assert t.phase == "Failed" and "keeps serving" in t.message
+    assert set(t.conditions) == {conditions.DEPLOYED}
+    assert t.conditions[conditions.DEPLOYED].reason == conditions.APPLY_FAILED
+    fresh = reconcile_serving.apply_failed(config, "422 says no", None, None)
+    assert fresh.conditions[conditions.READY].status == "False"
+    events = conditions.transition_events(
+        None, conditions.next_status(None, fresh, generation=1, now="t", tuning_hash="h")
+    )
+    assert ("Warning", "ApplyFailed") in [(e.type, e.reason) for e in events]
