@@ -210,3 +210,18 @@ def test_apply_failed_keeps_a_previous_ready_configuration_serving() -> None:
         None, conditions.next_status(None, fresh, generation=1, now="t", tuning_hash="h")
     )
     assert ("Warning", "ApplyFailed") in [(e.type, e.reason) for e in events]
+
+
+def test_the_crd_rejects_a_malformed_quantity_at_admission() -> None:
+    import jsonschema
+
+    from infertune_operator.api.crd import crd
+
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    serving = schema["properties"]["spec"]["properties"]["serving"]
+    limits = serving["properties"]["resources"]["properties"]["limits"]
+    assert limits["additionalProperties"]["pattern"] == QUANTITY_PATTERN
+    # The API server checks a pattern against strings only, as JSON Schema does.
+    jsonschema.validate({"cpu": 4, "memory": "16Gi", "nvidia.com/gpu": "1"}, limits)
+    with pytest.raises(jsonschema.ValidationError, match="lots"):
+        jsonschema.validate({"cpu": "lots"}, limits)

@@ -155,3 +155,21 @@ async def test_a_malformed_quantity_is_an_invalid_spec_before_any_apply(
         "spec.serving.resources.limits.cpu: 'lots' is not a Kubernetes quantity" in tuned["message"]
     )
     assert get(api, "deployments", "lots") is None
+
+
+async def test_a_refused_tuner_job_is_reported_in_the_status(
+    api: FakeApiServer, operator: OperatorRunner
+) -> None:
+    # On real GPUs the tuner pod carries spec.serving.resources too: the Job is refused (422).
+    serving = {"resources": {"limits": {"cpu": "-1"}}}
+    await create(api, manifest("nojob", search=BF16, tuning=TRITON, serving=serving))
+    await wait_for(lambda: phase(api, "nojob") == "Failed", what="phase Failed")
+    tuned = condition(_idf(api, "nojob"), "Tuned")
+    assert tuned["status"] == "False" and tuned["reason"] == "ApplyFailed"
+    assert tuned["message"].startswith("cannot start tuning: create jobs/nojob-tune-")
+    assert "must be greater than or equal to 0" in tuned["message"]
+    assert get(api, "jobs", f"nojob-tune-{_idf(api, 'nojob')['status']['tuningHash']}") is None
+    await wait_for(
+        lambda: [e for e in events_for(api, "nojob") if e["reason"] == "ApplyFailed"],
+        what="an ApplyFailed event",
+    )
