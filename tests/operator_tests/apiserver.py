@@ -148,7 +148,10 @@ class FakeApiServer(kmock.KubernetesEmulator):
         else:
             return  # kmock answers (404 for a patch of nothing)
         emulation.check_quantities(plural, kind, after)
-        if plural in emulation.TRACKED:
+        given = (after.get("metadata") or {}).get("managedFields")
+        if plural in emulation.TRACKED and given == ((live or {}).get("metadata") or {}).get(
+            "managedFields"
+        ):  # (a write that sets managedFields itself is taken as it is, as the server does)
             fields = emulation.update_managed_fields(live, after, manager)
             if isinstance(request.data, dict):
                 request.data.setdefault("metadata", {})["managedFields"] = fields

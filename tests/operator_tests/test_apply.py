@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from infertune_operator import conditions, k8s, kube_errors, naming, reconcile_serving
+from infertune_operator import (
+    conditions,
+    k8s,
+    kube_errors,
+    managed_fields,
+    naming,
+    reconcile_serving,
+)
 from infertune_operator.api.models import QUANTITY_PATTERN
 from infertune_tuner.config import TrialConfig
 
@@ -225,3 +232,47 @@ def test_the_crd_rejects_a_malformed_quantity_at_admission() -> None:
     jsonschema.validate({"cpu": 4, "memory": "16Gi", "nvidia.com/gpu": "1"}, limits)
     with pytest.raises(jsonschema.ValidationError, match="lots"):
         jsonschema.validate({"cpu": "lots"}, limits)
+
+
+async def test_a_deployment_an_earlier_version_merge_patched_is_cleaned_on_upgrade(
+    api: FakeApiServer,
+) -> None:
+    """Earlier versions created and merge-patched: the client's default manager owns it all."""
+    kube = k8s.Kube.for_url(api_url(api))
+    owner = {"apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment",
+             "metadata": {"name": "llm", "namespace": NS, "uid": "u-1"}}  # fmt: skip
+    old = naming.owned(_deployment({"pool": "a", "zone": "z1"}), owner)
+    current = naming.owned(_deployment({"pool": "a"}), owner)
+    await asyncio.to_thread(kube.create, old)
+    await asyncio.to_thread(kube.patch, k8s.DEPLOYMENTS, NS, "llm", current)  # the old apply
+    assert _pod(api)["nodeSelector"] == {"pool": "a", "zone": "z1"}  # the stale key
+    legacy = (get(api, "deployments", "llm") or {})["metadata"]["managedFields"]
+    assert [(e["manager"], e["operation"]) for e in legacy] == [("OpenAPI-Generator", "Update")]
+
+    # The render did not change, but the object is handed over and applied once.
+    await asyncio.to_thread(kube.apply, current, changed=naming.needs_apply)
+    assert _pod(api)["nodeSelector"] == {"pool": "a"}
+    live = get(api, "deployments", "llm") or {}
+    owners = [(e["manager"], e["operation"]) for e in live["metadata"]["managedFields"]]
+    assert owners == [(naming.MANAGER, "Apply")]
+    writes = sum(1 for r in api if r.method == "PATCH" and r.name == "llm")
+    await asyncio.to_thread(kube.apply, current, changed=naming.needs_apply)
+    assert sum(1 for r in api if r.method == "PATCH" and r.name == "llm") == writes  # once
+
+
+def test_only_objects_this_operator_wrote_are_handed_over() -> None:
+    entry = {"manager": "OpenAPI-Generator", "operation": "Update",
+             "fieldsV1": {"f:spec": {"f:replicas": {}}}}  # fmt: skip
+    ours = {"metadata": {"annotations": {naming.ANNOTATION_RENDER_HASH: "h"},
+                         "resourceVersion": "7", "managedFields": [entry]}}  # fmt: skip
+    patch = managed_fields.adopt_legacy_fields(ours, "infertune")
+    assert patch is not None
+    assert patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
+    (adopted,) = patch[1]["value"]
+    assert (adopted["manager"], adopted["operation"]) == ("infertune", "Apply")
+    assert adopted["fieldsV1"] == {"f:spec": {"f:replicas": {}}}
+    theirs = {"metadata": {"resourceVersion": "7", "managedFields": [entry]}}
+    assert managed_fields.adopt_legacy_fields(theirs, "infertune") is None
+    applied = {**entry, "manager": "infertune", "operation": "Apply"}
+    ours["metadata"]["managedFields"] = [entry, applied]
+    assert managed_fields.adopt_legacy_fields(ours, "infertune") is None

@@ -69,9 +69,11 @@ from infertune_operator.kube_errors import NotFound as NotFound
 from infertune_operator.kube_errors import ServerError as ServerError
 from infertune_operator.kube_errors import Unreachable as Unreachable
 from infertune_operator.kube_errors import from_response, unreachable
+from infertune_operator.managed_fields import adopt_legacy_fields
 from infertune_operator.naming import MANAGER, Body
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 # Server-side apply: the body is the object as we want it (JSON is valid YAML).
 APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = MANAGER  # "infertune": the field manager of everything the operator writes
@@ -324,14 +326,34 @@ class Kube:
 
     def apply(self, desired: Body, *, changed: Callable[[Body, Body], bool] | None = None) -> Body:
         """Server-side apply (:meth:`server_side_apply`) unless ``changed(live, desired)`` says
-        the live object needs nothing (the render-hash skip: one GET instead of a write)."""
+        the live object needs nothing (the render-hash skip: one GET instead of a write).
+
+        An object an earlier, merge-patching version wrote first gets its fields handed to the
+        ``infertune`` manager (``managed_fields``), then the apply, whatever the render hash
+        says: that apply removes what such a version left behind.
+        """
         if changed is not None:
             res = resource_of(desired)
             meta = desired["metadata"]
             live = self.get(res, meta.get("namespace"), meta["name"])
-            if live is not None and not changed(live, desired):
+            adopted = live is not None and self._adopt_legacy_fields(res, live)
+            if live is not None and not adopted and not changed(live, desired):
                 return live
         return self.server_side_apply(desired)
+
+    def _adopt_legacy_fields(self, res: Resource, live: Body) -> bool:
+        patch = adopt_legacy_fields(live, FIELD_MANAGER)
+        if patch is None:
+            return False
+        meta = live["metadata"]
+        try:
+            self._call(
+                "PATCH", res.path(meta.get("namespace"), meta["name"]), body=patch,
+                content_type=JSON_PATCH, what=f"adopt the fields of {res.plural}/{meta['name']}",
+            )  # fmt: skip
+        except ClientError:  # written in between (the test op failed): the next apply retries
+            return False
+        return True
 
     def ensure(self, body: Body) -> bool:
         """Get-or-create (for shared objects the operator never changes). True if created."""
