@@ -243,8 +243,14 @@ async def test_a_deployment_an_earlier_version_merge_patched_is_cleaned_on_upgra
              "metadata": {"name": "llm", "namespace": NS, "uid": "u-1"}}  # fmt: skip
     old = naming.owned(_deployment({"pool": "a", "zone": "z1"}), owner)
     current = naming.owned(_deployment({"pool": "a"}), owner)
-    await asyncio.to_thread(kube.create, old)
-    await asyncio.to_thread(kube.patch, k8s.DEPLOYMENTS, NS, "llm", current)  # the old apply
+    # Their calls: no fieldManager, so the server names the manager after the User-Agent.
+    await asyncio.to_thread(
+        kube._call, "POST", k8s.DEPLOYMENTS.path(NS), body=old, what="the old create"
+    )
+    await asyncio.to_thread(
+        kube._call, "PATCH", k8s.DEPLOYMENTS.path(NS, "llm"), body=current,
+        content_type=k8s.MERGE_PATCH, what="the old apply",
+    )  # fmt: skip
     assert _pod(api)["nodeSelector"] == {"pool": "a", "zone": "z1"}  # the stale key
     legacy = (get(api, "deployments", "llm") or {})["metadata"]["managedFields"]
     assert [(e["manager"], e["operation"]) for e in legacy] == [("OpenAPI-Generator", "Update")]

@@ -49,17 +49,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-# The errors are part of this boundary's interface (``k8s.NotFound``): re-exported.
+# The errors and resources are part of this boundary's interface (``k8s.NotFound``,
+# ``k8s.JOBS``): re-exported.
 from infertune_operator.kube_errors import ClientError as ClientError
 from infertune_operator.kube_errors import Conflict as Conflict
 from infertune_operator.kube_errors import Forbidden as Forbidden
@@ -69,6 +68,19 @@ from infertune_operator.kube_errors import NotFound as NotFound
 from infertune_operator.kube_errors import ServerError as ServerError
 from infertune_operator.kube_errors import Unreachable as Unreachable
 from infertune_operator.kube_errors import from_response, unreachable
+from infertune_operator.kube_resources import BY_KIND as BY_KIND
+from infertune_operator.kube_resources import CONFIGMAPS as CONFIGMAPS
+from infertune_operator.kube_resources import DEPLOYMENTS as DEPLOYMENTS
+from infertune_operator.kube_resources import INFERENCEDEPLOYMENTS as INFERENCEDEPLOYMENTS
+from infertune_operator.kube_resources import JOBS as JOBS
+from infertune_operator.kube_resources import PODS as PODS
+from infertune_operator.kube_resources import ROLEBINDINGS as ROLEBINDINGS
+from infertune_operator.kube_resources import SERVICEACCOUNTS as SERVICEACCOUNTS
+from infertune_operator.kube_resources import SERVICES as SERVICES
+from infertune_operator.kube_resources import Resource as Resource
+from infertune_operator.kube_resources import label_selector
+from infertune_operator.kube_resources import labels_match as labels_match
+from infertune_operator.kube_resources import resource_of as resource_of
 from infertune_operator.managed_fields import adopt_legacy_fields
 from infertune_operator.naming import MANAGER, Body
 
@@ -83,70 +95,6 @@ DEFAULT_TIMEOUT_S: tuple[float, float] = (5.0, 30.0)  # (connect, read)
 # a connection per request beyond it. Callers: Kopf's handler threads (handlers.HANDLER_THREADS)
 # and the resync's executor thread.
 CONNECTION_POOL_MAXSIZE = 64
-
-
-# ------------------------------------------------------------------ resources
-
-
-@dataclass(frozen=True, slots=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{quote(namespace, safe='')}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{quote(name, safe='')}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-
-INFERENCEDEPLOYMENTS = Resource("infertune.io", "v1alpha1", "inferencedeployments")
-JOBS = Resource("batch", "v1", "jobs")
-CONFIGMAPS = Resource("", "v1", "configmaps")
-DEPLOYMENTS = Resource("apps", "v1", "deployments")
-SERVICES = Resource("", "v1", "services")
-PODS = Resource("", "v1", "pods")
-SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
-ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
-
-BY_KIND: dict[str, Resource] = {
-    "InferenceDeployment": INFERENCEDEPLOYMENTS,
-    "Job": JOBS,
-    "ConfigMap": CONFIGMAPS,
-    "Deployment": DEPLOYMENTS,
-    "Service": SERVICES,
-    "Pod": PODS,
-    "ServiceAccount": SERVICEACCOUNTS,
-    "RoleBinding": ROLEBINDINGS,
-}
-
-
-def resource_of(body: Mapping[str, Any]) -> Resource:
-    kind = str(body.get("kind", ""))
-    try:
-        return BY_KIND[kind]
-    except KeyError:
-        raise KubeError(f"unsupported kind {kind!r}") from None
-
-
-def labels_match(body: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
-    labels = body.get("metadata", {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _selector(labels: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 # ------------------------------------------------------------------ client
@@ -247,7 +195,7 @@ class Kube:
     def list(
         self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
     ) -> list[Body]:
-        query = [("labelSelector", _selector(labels))] if labels else None
+        query = [("labelSelector", label_selector(labels))] if labels else None
         result = self._call("GET", res.path(namespace), query=query, what=f"list {res.plural}")
         items: list[Body] = list(result.get("items") or [])
         # The server filters already; filtering again keeps us honest with servers that don't.
@@ -260,8 +208,9 @@ class Kube:
         namespace, name = meta.get("namespace"), meta.get("name", "")
         try:
             created: Body = self._call(
-                "POST", res.path(namespace), body=body, what=f"create {res.plural}/{name}"
-            )
+                "POST", res.path(namespace), body=body, query=[("fieldManager", FIELD_MANAGER)],
+                what=f"create {res.plural}/{name}",
+            )  # fmt: skip
             return created, True
         except Conflict:
             existing = self.get(res, namespace, name)
@@ -281,7 +230,10 @@ class Kube:
         """JSON merge patch (RFC 7386): dicts merge, lists and scalars replace, null deletes."""
         path = res.path(namespace, name, subresource)
         what = f"patch {res.plural}/{name}{'/' + subresource if subresource else ''}"
-        result: Body = self._call("PATCH", path, body=patch, content_type=MERGE_PATCH, what=what)
+        query = [("fieldManager", FIELD_MANAGER)]
+        result: Body = self._call(
+            "PATCH", path, body=patch, query=query, content_type=MERGE_PATCH, what=what
+        )
         return result
 
     def delete(self, res: Resource, namespace: str | None, name: str) -> bool:
