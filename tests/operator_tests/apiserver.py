@@ -131,7 +131,7 @@ class FakeApiServer(kmock.KubernetesEmulator):
             if not isinstance(request.data, dict):
                 raise KubernetesError(status=400, reason="BadRequest", message="not an object")
             force = request.params.get("force") == "true"
-            result = emulation.apply(live, request.data, manager, force=force)
+            result = emulation.apply(live, request.data, manager, force=force, plural=plural)
             emulation.check_quantities(plural, kind, result)
             if live is None:  # an apply creates what is absent
                 meta = result.setdefault("metadata", {})
@@ -152,7 +152,7 @@ class FakeApiServer(kmock.KubernetesEmulator):
         if plural in emulation.TRACKED and given == ((live or {}).get("metadata") or {}).get(
             "managedFields"
         ):  # (a write that sets managedFields itself is taken as it is, as the server does)
-            fields = emulation.update_managed_fields(live, after, manager)
+            fields = emulation.update_managed_fields(live, after, manager, plural)
             if isinstance(request.data, dict):
                 request.data.setdefault("metadata", {})["managedFields"] = fields
             else:

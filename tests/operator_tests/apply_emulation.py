@@ -19,9 +19,11 @@ extent the operator relies on it:
   value does change, ownership moves from its current manager to the manager making the
   change" (the ``fieldManager`` parameter, or the User-Agent's product name).
 
-Simplifications: lists are atomic (a list is one field, as ``x-kubernetes-list-type: atomic``;
-the real server merges associative lists such as ``containers`` item by item by their key), no
-defaulting, and ownership is tracked on the kinds the operator applies (``TRACKED``).
+Which maps are one field (``x-kubernetes-map-type: atomic``: a pod's ``nodeSelector``, a label
+selector) comes from the Kubernetes OpenAPI schema that kubernetes-validate ships. Simplifications:
+every list is one field (as ``x-kubernetes-list-type: atomic``, which ``tolerations`` is; the real
+server merges associative lists such as ``containers`` item by item by their key), no defaulting,
+and ownership is tracked on the kinds the operator applies (``TRACKED``).
 
 Quantities: the real server decodes ``resources.requests``/``limits`` with apimachinery's
 ``resource.ParseQuantity``: a malformed quantity is 400 BadRequest ("Deployment in version "v1"
@@ -32,11 +34,14 @@ validation rejects a negative one with 422 Invalid ("must be greater than or equ
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path as Path_
 from typing import Any
 
+import kubernetes_validate
 from kmock._internal.k8s import KubernetesError
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -56,18 +61,72 @@ UNOWNED: frozenset[Path] = frozenset(
 # ------------------------------------------------------------------ field sets
 
 
-def leaf_paths(obj: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
-    """The fields of an object: map keys recursively, anything else (lists too) is one field."""
+def _schema_definitions() -> dict[str, Any]:
+    """The Kubernetes OpenAPI definitions kubernetes-validate ships (the newest version)."""
+    root = Path_(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    versions = [d for d in root.iterdir() if d.name.endswith("-local")]
+    newest = max(versions, key=lambda d: tuple(int(x) for x in d.name[1:-6].split(".")))
+    with (newest / "_definitions.json").open(encoding="utf-8") as f:
+        defs: dict[str, Any] = json.load(f)["$defs"]
+    return defs
+
+
+DEFINITIONS = _schema_definitions()
+ROOT_TYPES = {"deployments": "io.k8s.api.apps.v1.Deployment",
+              "services": "io.k8s.api.core.v1.Service",
+              "configmaps": "io.k8s.api.core.v1.ConfigMap"}  # fmt: skip
+
+
+def _resolve(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    while "$ref" in schema:
+        schema = DEFINITIONS[str(schema["$ref"]).rsplit("/", 1)[-1]]
+    return schema
+
+
+def _child(schema: Mapping[str, Any] | None, key: str) -> Mapping[str, Any] | None:
+    if schema is None:
+        return None
+    node = _resolve(schema)
+    if key in (node.get("properties") or {}):
+        child: Mapping[str, Any] = node["properties"][key]
+        return child
+    extra = node.get("additionalProperties")
+    return extra if isinstance(extra, Mapping) else None
+
+
+def _atomic_map(schema: Mapping[str, Any] | None) -> bool:
+    """``x-kubernetes-map-type: atomic`` (a nodeSelector, a label selector): one field."""
+    if schema is None:
+        return False
+    return "atomic" in (schema.get("x-kubernetes-map-type"), _resolve(schema).get(
+        "x-kubernetes-map-type"))  # fmt: skip
+
+
+def leaf_paths(
+    obj: Mapping[str, Any], prefix: Path = (), schema: Mapping[str, Any] | None = None
+) -> set[Path]:
+    """The fields of an object: map keys recursively (granular maps and structs), anything else
+    (lists, atomic maps, scalars) is one field."""
     out: set[Path] = set()
     for key, value in obj.items():
         path = (*prefix, key)
         if path in UNOWNED:
             continue
-        if isinstance(value, Mapping) and value:
-            out |= leaf_paths(value, path)
+        sub = _child(schema, key)
+        if isinstance(value, Mapping) and value and not _atomic_map(sub):
+            out |= leaf_paths(value, path, sub)
         else:
             out.add(path)
     return out
+
+
+def _root_schema(plural: str) -> Mapping[str, Any] | None:
+    root = ROOT_TYPES.get(plural)
+    return {"$ref": f"#/$defs/{root}"} if root else None
+
+
+def fields_of(obj: Mapping[str, Any], plural: str) -> set[Path]:
+    return leaf_paths(obj, (), _root_schema(plural))
 
 
 def to_fields_v1(paths: set[Path]) -> dict[str, Any]:
@@ -116,10 +175,14 @@ def _remove(obj: dict[str, Any], path: Path) -> None:
         del parent[key]
 
 
-def _merge(live: dict[str, Any], config: Mapping[str, Any]) -> None:
+def _merge(
+    live: dict[str, Any], config: Mapping[str, Any], schema: Mapping[str, Any] | None
+) -> None:
+    """Merge maps and structs key by key; lists, atomic maps and scalars are replaced."""
     for key, value in config.items():
-        if isinstance(value, Mapping) and value and isinstance(live.get(key), dict):
-            _merge(live[key], value)
+        sub = _child(schema, key)
+        if isinstance(value, Mapping) and isinstance(live.get(key), dict) and not _atomic_map(sub):
+            _merge(live[key], value, sub)
         else:
             live[key] = copy.deepcopy(value)
 
@@ -154,10 +217,15 @@ def _managed_fields(entries: Owners, api_version: str) -> list[dict[str, Any]]:
 
 
 def apply(
-    live: Mapping[str, Any] | None, config: Mapping[str, Any], manager: str, *, force: bool
+    live: Mapping[str, Any] | None,
+    config: Mapping[str, Any],
+    manager: str,
+    *,
+    force: bool,
+    plural: str,
 ) -> dict[str, Any]:
     """The object after ``manager`` applies ``config`` (409 on conflicts unless forced)."""
-    applied = leaf_paths(config)
+    applied = fields_of(config, plural)
     entries = owners(live)
     before = entries.pop((manager, "Apply"), set())
     conflicts = [
@@ -180,7 +248,7 @@ def apply(
     for path in sorted(before - applied):
         if not any(_overlaps(path, p) for paths in entries.values() for p in paths):
             _remove(result, path)
-    _merge(result, config)
+    _merge(result, config, _root_schema(plural))
     entries[(manager, "Apply")] = applied
     result.setdefault("metadata", {})["managedFields"] = _managed_fields(
         entries, str(config.get("apiVersion", ""))
@@ -189,11 +257,11 @@ def apply(
 
 
 def update_managed_fields(
-    before: Mapping[str, Any] | None, after: Mapping[str, Any], manager: str
+    before: Mapping[str, Any] | None, after: Mapping[str, Any], manager: str, plural: str
 ) -> list[dict[str, Any]]:
     """managedFields after a non-apply write by ``manager`` turned ``before`` into ``after``."""
-    old = leaf_paths(before or {})
-    new = leaf_paths(after)
+    old = fields_of(before or {}, plural)
+    new = fields_of(after, plural)
     changed = {p for p in new if _lookup(before or {}, p) != _lookup(after, p)}
     gone = old - new
     entries = owners(before)

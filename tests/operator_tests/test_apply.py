@@ -88,19 +88,24 @@ async def test_apply_keeps_what_other_managers_set_and_takes_back_its_own(
     api: FakeApiServer,
 ) -> None:
     kube = k8s.Kube.for_url(api_url(api))
-    await asyncio.to_thread(kube.apply, _deployment({"pool": "a", "zone": "z1"}))
+    first = _deployment({"pool": "a"})
+    first["spec"]["template"]["metadata"]["labels"]["config"] = "tp2"
+    await asyncio.to_thread(kube.apply, first)
     await _patch_as(api, "kubectl-annotate", {"metadata": {"annotations": {"owner": "team-ml"}}})
-    # Someone else takes over a field infertune applied (same key, another value) ...
-    await _patch_as(api, "kubectl-edit", {"spec": {"template": {"spec": {
-        "nodeSelector": {"zone": "z2"}, "priorityClassName": "high",
-    }}}})  # fmt: skip
+    await _patch_as(api, "kubectl-edit", {"spec": {"template": {
+        "metadata": {"labels": {"team": "ml"}},
+        "spec": {"priorityClassName": "high", "nodeSelector": {"zone": "z2"}},
+    }}})  # fmt: skip
 
     await asyncio.to_thread(kube.apply, _deployment({"pool": "b"}))
     live = get(api, "deployments", "llm") or {}
     assert live["metadata"]["annotations"] == {"owner": "team-ml"}
-    # ... so dropping zone from the render leaves their value; their own field stays too.
-    assert _pod(api)["nodeSelector"] == {"pool": "b", "zone": "z2"}
+    # A label infertune applied before and not now is removed; another manager's label stays.
+    assert live["spec"]["template"]["metadata"]["labels"] == {"app": "llm", "team": "ml"}
     assert _pod(api)["priorityClassName"] == "high"
+    # nodeSelector is one field (an atomic map in the Kubernetes schema): the applied value
+    # replaces the edited one (force), zone included.
+    assert _pod(api)["nodeSelector"] == {"pool": "b"}
 
     # A field infertune applies is infertune's again (force): edited replicas are put back.
     await _patch_as(api, "kubectl-edit", {"spec": {"replicas": 5}})
