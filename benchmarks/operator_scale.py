@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import importlib
 import json
 import os
 import resource
@@ -44,16 +44,12 @@ WATCHED = {"inferencedeployments", "jobs", "deployments", "configmaps"}  # Kopf'
 
 
 def _helpers() -> ModuleType:
-    """The operator tests' emulator helpers (FakeApiServer, manifest, OperatorRunner...)."""
-    name = "infertune_bench_apiserver"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests/operator_tests/apiserver.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The operator tests' emulator helpers (FakeApiServer, manifest, OperatorRunner...),
+    imported as the package the tests import (it has modules of its own)."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    return importlib.import_module("operator_tests.apiserver")
 
 
 # ------------------------------------------------------------------ child: emulator + driver

@@ -2,8 +2,9 @@
 
 ``FakeApiServer`` adds the bits of a real API server the operator's flow leans on and kmock
 leaves out: uid / resourceVersion / generation / creationTimestamp on writes, names for
-``generateName``, and the status subresource split (a ``/status`` patch changes only status,
-a main-resource patch never does). No controllers run: tests play the Job controller and the
+``generateName``, the status subresource split (a ``/status`` patch changes only status,
+a main-resource patch never does), server-side apply with field ownership and the validation of
+resource quantities (``apply_emulation``). No controllers run: tests play the Job controller and the
 Deployment controller by patching status (and play the tuner by running `infertune tune-job`).
 
 The operator runs for real (``kopf.operator``) in a background thread with its own event loop;
@@ -30,10 +31,14 @@ import jsonpatch
 import kmock
 import kopf
 from kmock._internal import enums
+from kmock._internal.dicts import patch_dict
 from kmock._internal.k8s import KubernetesError
 
 from infertune_operator.k8s import Kube
 from infertune_operator.settings import Settings
+from infertune_tuner.result import Report
+
+from . import apply_emulation as emulation
 
 NS = "team-a"
 IDF_PATH = "infertune.io/v1alpha1/inferencedeployments"
@@ -70,6 +75,8 @@ class FakeApiServer(kmock.KubernetesEmulator):
     _rv = itertools.count(1000)
 
     async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and request.subresource is None:
+            self._emulate_write(request)
         data = request.data
         if request.resource is not None and isinstance(data, dict):
             if request.action == enums.action.CREATE:
@@ -100,6 +107,59 @@ class FakeApiServer(kmock.KubernetesEmulator):
                 return []
         return super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[misc]
 
+    def _emulate_write(self, request: Any) -> None:
+        """Server-side apply, field ownership and quantity validation (see apply_emulation)."""
+        if request.action not in (enums.action.CREATE, enums.action.UPDATE):
+            return
+        plural = request.resource.plural
+        kind = next((i["kind"] for p, i in RESOURCES.items() if p.endswith(f"/{plural}")), plural)
+        live: dict[str, Any] | None = None
+        if request.action == enums.action.UPDATE:
+            key = (request.resource, request.namespace, request.name)
+            try:
+                obj = self.objects[key]  # (kmock's ObjectsArray has no .get)
+                live = None if obj.deleted else obj.raw
+            except KeyError:
+                live = None
+        manager = emulation.manager_of(request.params, request.headers)
+        content_type = next(
+            (v for k, v in request.headers.items() if k.lower() == "content-type"), ""
+        )
+        if request.action == enums.action.UPDATE and content_type.startswith(
+            emulation.APPLY_CONTENT_TYPE
+        ):
+            if not isinstance(request.data, dict):
+                raise KubernetesError(status=400, reason="BadRequest", message="not an object")
+            force = request.params.get("force") == "true"
+            result = emulation.apply(live, request.data, manager, force=force, plural=plural)
+            emulation.check_quantities(plural, kind, result)
+            if live is None:  # an apply creates what is absent
+                meta = result.setdefault("metadata", {})
+                meta.setdefault("name", request.name)
+                meta.setdefault("namespace", request.namespace)
+                _rewrite(request, action=enums.action.CREATE, data=result)
+            else:  # as the merge patch that turns the live object into the result
+                _rewrite(request, data=emulation.merge_patch_between(live, result))
+            return
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            after: dict[str, Any] = request.data
+        elif live is not None and isinstance(request.data, (dict, list)):
+            after = dict(patch_dict(live, request.data))
+        else:
+            return  # kmock answers (404 for a patch of nothing)
+        emulation.check_quantities(plural, kind, after)
+        given = (after.get("metadata") or {}).get("managedFields")
+        if plural in emulation.TRACKED and given == ((live or {}).get("metadata") or {}).get(
+            "managedFields"
+        ):  # (a write that sets managedFields itself is taken as it is, as the server does)
+            fields = emulation.update_managed_fields(live, after, manager, plural)
+            if isinstance(request.data, dict):
+                request.data.setdefault("metadata", {})["managedFields"] = fields
+            else:
+                request.data.append(
+                    {"op": "add", "path": "/metadata/managedFields", "value": fields}
+                )
+
     def _on_create(self, data: dict[str, Any]) -> None:
         meta = data.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
@@ -125,6 +185,12 @@ class FakeApiServer(kmock.KubernetesEmulator):
             return int(obj.get("metadata", {}).get("generation") or 1)
         except (KeyError, ValueError):
             return 1
+
+
+def _rewrite(request: Any, **changes: Any) -> None:
+    """Change a parsed request in place: kmock serves only the requests it logged (identity)."""
+    for attr, value in changes.items():
+        object.__setattr__(request, attr, value)
 
 
 # ------------------------------------------------------------------ reading the emulator's state
@@ -323,6 +389,28 @@ def declare_resources(handler: FakeApiServer) -> None:
 
 def api_url(api: FakeApiServer) -> str:
     return str(api.url).rstrip("/")
+
+
+async def seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) -> Report:
+    """A report ConfigMap for this spec's hash, as a finished tuner Job would have left it
+    (replacing the report of an earlier spec, as the next tuner Job would)."""
+    from infertune_operator import reconcile, report_store
+    from infertune_operator.api.to_request import to_request
+    from infertune_tuner.run import tune
+
+    name = body["metadata"]["name"]
+    th = reconcile.tuning_hash(body["spec"], SETTINGS)
+    obj, problems = reconcile.validate(body)
+    assert obj is not None, problems
+    report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / f"{name}-{th}")
+    cm = report_store.report_configmap(
+        name=name, namespace=NS, report_json=report.to_json(), th=th, owner_uid=None
+    )
+    if get(api, "configmaps", cm["metadata"]["name"]) is None:
+        await post(api, "configmaps", cm)
+    else:
+        await patch(api, "configmaps", cm["metadata"]["name"], cm)
+    return report
 
 
 # ------------------------------------------------------------------ playing the controllers

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infertune_operator import reconcile, report_store
+from infertune_operator import reconcile
 from infertune_tuner.result import Report
 
 from .apiserver import (
@@ -34,6 +34,7 @@ from .apiserver import (
     phase,
     post,
     run_tuner,
+    seed_report,
     start_job,
     start_operator,
     wait_for,
@@ -390,27 +391,11 @@ async def test_no_feasible_config_lists_nearest_misses(
     )
 
 
-async def _seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) -> Report:
-    """A report ConfigMap for this spec's hash, as a finished tuner Job would have left it."""
-    from infertune_operator.api.to_request import to_request
-    from infertune_tuner.run import tune
-
-    name = body["metadata"]["name"]
-    th = reconcile.tuning_hash(body["spec"], SETTINGS)
-    obj, problems = reconcile.validate(body)
-    assert obj is not None, problems
-    report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / name)
-    await post(api, "configmaps", report_store.report_configmap(
-        name=name, namespace=NS, report_json=report.to_json(), th=th, owner_uid=None,
-    ))  # fmt: skip
-    return report
-
-
 async def test_existing_report_for_the_same_hash_is_reused_without_a_job(
     api: FakeApiServer, operator: OperatorRunner, tmp_path: Path
 ) -> None:
     body = manifest("reuse")
-    await _seed_report(api, body, tmp_path)
+    await seed_report(api, body, tmp_path)
 
     await create(api, body)
     await wait_for(lambda: phase(api, "reuse") == "Deploying", what="phase Deploying")
@@ -425,7 +410,7 @@ async def test_a_winner_that_cannot_be_served_fails_with_the_reason(
     # Real GPUs (triton) and fp8 without a pre-quantized checkpoint: tuning succeeded, serving
     # cannot load the weights. The user is told what to add; nothing is retried.
     body = manifest("nockpt", tuning={"backend": "triton", "maxTrials": 6, "seed": 1})
-    report = await _seed_report(api, body, tmp_path)
+    report = await seed_report(api, body, tmp_path)
     assert report.best is not None and report.best.config.quantization == "fp8"
 
     await create(api, body)

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import conditions, naming, reconcile, report_store, tuner_job
+from infertune_operator import (
+    conditions,
+    naming,
+    reconcile,
+    reconcile_serving,
+    report_store,
+    tuner_job,
+)
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
@@ -410,7 +417,7 @@ def test_transitions_emit_one_event_per_changed_condition() -> None:
 
 def test_tuned_status_fields_match_the_crd() -> None:
     report = _report()
-    fields = reconcile.tuned_fields(report, "llm-tuning-report")
+    fields = reconcile_serving.tuned_fields(report, "llm-tuning-report")
     assert set(fields["bestConfig"]) == {"tp", "maxBatchSize", "quantization", "kvCacheDtype"}
     assert set(fields["bestMetrics"]) == {
         "ttftP50Ms", "ttftP95Ms", "ttftP99Ms", "itlP50Ms", "itlP95Ms", "itlP99Ms",
@@ -424,9 +431,11 @@ def test_tuned_status_fields_match_the_crd() -> None:
     assert set(fields["bestConfig"]) <= set(crd["bestConfig"]["properties"])
     status = conditions.next_status(
         None,
-        reconcile.serving(name="llm", namespace=NS, config=reconcile.best_config(report),
-                          availability=reconcile.Availability(1, 1, True),
-                          tuned=(report, "llm-tuning-report")),
+        reconcile_serving.serving(
+            name="llm", namespace=NS, config=reconcile.best_config(report),
+            availability=reconcile_serving.Availability(1, 1, True),
+            tuned=(report, "llm-tuning-report"),
+        ),
         generation=3, now="t", tuning_hash="h",
     )  # fmt: skip
     assert set(status) <= set(crd)
@@ -472,7 +481,7 @@ def test_no_feasible_message_names_misses_and_what_to_relax() -> None:
     ],
 )  # fmt: skip
 def test_readiness(deployment: dict[str, Any] | None, wanted: int, ready: bool) -> None:
-    assert reconcile.deployment_availability(deployment, wanted).ready is ready
+    assert reconcile_serving.deployment_availability(deployment, wanted).ready is ready
 
 
 def test_config_from_status_only_for_the_same_hash_and_tuned() -> None:

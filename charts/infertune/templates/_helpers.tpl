@@ -119,6 +119,8 @@ No wildcards: a test renders the chart and fails on any "*".
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# The serving Deployment, Service and model-repo ConfigMap are server-side applied: a PATCH
+# (application/apply-patch+yaml), which also needs "create" when the apply creates the object.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "update"]

@@ -34,7 +34,10 @@ DEPLOYING = "Deploying"
 DEPLOYMENT_AVAILABLE = "DeploymentAvailable"
 SCALED_TO_ZERO = "ScaledToZero"
 CANNOT_SERVE = "CannotServe"
-WARNING_REASONS = frozenset({INVALID_SPEC, NO_FEASIBLE_CONFIG, TUNING_JOB_FAILED, CANNOT_SERVE})
+APPLY_FAILED = "ApplyFailed"  # the API server refused an object (4xx): the message says why
+WARNING_REASONS = frozenset(
+    {INVALID_SPEC, NO_FEASIBLE_CONFIG, TUNING_JOB_FAILED, CANNOT_SERVE, APPLY_FAILED}
+)
 
 
 @dataclass(frozen=True)

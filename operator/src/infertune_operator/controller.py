@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from infertune_operator import conditions, k8s, naming, reconcile, report_store, tuner_job
+from infertune_operator import (
+    conditions,
+    k8s,
+    naming,
+    reconcile,
+    reconcile_serving,
+    report_store,
+    tuner_job,
+)
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.naming import Body
 from infertune_operator.render import render_serving
@@ -226,10 +234,17 @@ def _decide(
         deployment = _apply_serving(ctx, obj, body, config)
     except InputError as exc:  # deterministic (e.g. no checkpoint for the winner): no retry
         problem = str(exc).removeprefix(f"cannot serve {config.label()}: ")
-        return reconcile.cannot_serve(config, problem, tuned), th
-    availability = reconcile.deployment_availability(deployment, obj.spec.serving.replicas)
+        return reconcile_serving.cannot_serve(config, problem, tuned), th
+    except k8s.ClientError as exc:
+        if exc.retryable:  # 408/409/429: about timing, not content (the resync retries)
+            raise
+        # The server refused what we rendered (400 BadRequest, 422 Invalid, 403 by a policy):
+        # the same request gets the same answer, so say why instead of retrying it.
+        status = body.get("status")
+        return reconcile_serving.apply_failed(config, str(exc), tuned, status), th
+    availability = reconcile_serving.deployment_availability(deployment, obj.spec.serving.replicas)
     meta = body["metadata"]
-    transition = reconcile.serving(
+    transition = reconcile_serving.serving(
         name=meta["name"],
         namespace=meta["namespace"],
         config=config,
@@ -251,7 +266,12 @@ def _tuning(
     job = None if new else ctx.kube.get(k8s.JOBS, namespace, job_name)
     created = job is None
     if job is None:
-        job, fresh = _start_tuning(ctx, obj, body, th)
+        try:
+            job, fresh = _start_tuning(ctx, obj, body, th)
+        except k8s.ClientError as exc:
+            if exc.retryable:
+                raise
+            return reconcile.tuning_rejected(str(exc))  # refused: say why, do not retry
         if new and not fresh:  # 409: it existed after all (an earlier operator made it)
             raise _NotNew
     outcome = tuner_job.job_outcome(job)
@@ -319,7 +339,12 @@ def _delete_superseded(ctx: Context, namespace: str, name: str, th: str) -> None
 def _apply_serving(
     ctx: Context, obj: InferenceDeployment, body: Body, config: TrialConfig
 ) -> Body | None:
-    """Render Triton (or simserver) for the best config; create or patch what changed."""
+    """Render Triton (or simserver) for the best config; server-side apply what changed.
+
+    Server-side apply (see ``k8s``): a field an earlier render set and this one leaves out (a
+    nodeSelector key, the tolerations of another GPU pool) is removed from the live object.
+    An object whose render hash is unchanged is not written at all.
+    """
     deployment: Body | None = None
     for rendered in render_serving(obj, config, ctx.settings):
         desired = naming.owned(rendered, body)

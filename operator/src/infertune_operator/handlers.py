@@ -91,7 +91,9 @@ def on_inference_deployment(body: Any, type: str | None, memo: Any, **_: Any) ->
     try:
         sync(ctx, namespace, name, created_body=copy.deepcopy(dict(body)))
     except k8s.KubeError as exc:
-        # Transient API trouble: the resync retries it (the object counts as in flight).
+        # API trouble the sync did not turn into a condition (5xx, no answer, 409/429): the
+        # resync retries it (the object counts as in flight). Refusals (4xx) of what the
+        # operator applies or creates are conditions (ApplyFailed), not retries.
         ctx.remember(namespace, name, "Pending")
         logger.warning("%s/%s: sync failed (the resync retries): %s", namespace, name, exc)
 

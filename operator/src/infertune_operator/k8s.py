@@ -13,13 +13,29 @@ inferencedeployments              get
 inferencedeployments/status       patch
 jobs (batch)                      get, list, create, delete
 configmaps                        get, list, create, patch, delete
-deployments (apps)                get, create, patch
-services                          get, create, patch
+deployments (apps)                get, patch (+ create: a server-side apply that creates)
+services                          get, patch (+ create: a server-side apply that creates)
 pods                              list
 pods/log                          get
 serviceaccounts                   get, create
 rolebindings (rbac)               get, create  (+ ``bind`` on the tuner ClusterRole)
 ================================  ==========================================================
+
+How each kind of object is written (the choice is per object type):
+
+* The serving objects (model-repo ConfigMap, Deployment, Service) are server-side applied
+  (:meth:`Kube.apply`, field manager ``infertune``, forced): they follow the spec over time, and
+  only server-side apply removes what a new render leaves out (a JSON merge patch of the whole
+  object keeps every key the patch does not mention: a dropped nodeSelector key, the toleration of
+  an earlier GPU pool) while keeping what others add (an annotation, a sidecar's field).
+* The tuner Job and its request ConfigMap are created once (:meth:`Kube.create`): both are named
+  by the tuning hash, a Job's pod template is immutable, and a new spec means a new Job.
+* The tuner's ServiceAccount and RoleBinding are get-or-create (:meth:`Kube.ensure`): shared by
+  every InferenceDeployment of the namespace, never changed.
+* The status is a JSON merge patch of the status subresource: only the keys the operator owns.
+
+Failed calls raise the errors of ``kube_errors`` (4xx :class:`ClientError`, 5xx
+:class:`ServerError`, :class:`Unreachable`), the client's exception chained as the cause.
 
 Kopf itself additionally watches inferencedeployments, jobs and deployments (list, watch),
 patches inferencedeployments (its annotations), posts events, and reads CRDs and namespaces.
@@ -33,130 +49,52 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from infertune_operator.naming import Body
+# The errors and resources are part of this boundary's interface (``k8s.NotFound``,
+# ``k8s.JOBS``): re-exported.
+from infertune_operator.kube_errors import ClientError as ClientError
+from infertune_operator.kube_errors import Conflict as Conflict
+from infertune_operator.kube_errors import Forbidden as Forbidden
+from infertune_operator.kube_errors import KubeConfigError as KubeConfigError
+from infertune_operator.kube_errors import KubeError as KubeError
+from infertune_operator.kube_errors import NotFound as NotFound
+from infertune_operator.kube_errors import ServerError as ServerError
+from infertune_operator.kube_errors import Unreachable as Unreachable
+from infertune_operator.kube_errors import from_response, unreachable
+from infertune_operator.kube_resources import BY_KIND as BY_KIND
+from infertune_operator.kube_resources import CONFIGMAPS as CONFIGMAPS
+from infertune_operator.kube_resources import DEPLOYMENTS as DEPLOYMENTS
+from infertune_operator.kube_resources import INFERENCEDEPLOYMENTS as INFERENCEDEPLOYMENTS
+from infertune_operator.kube_resources import JOBS as JOBS
+from infertune_operator.kube_resources import PODS as PODS
+from infertune_operator.kube_resources import ROLEBINDINGS as ROLEBINDINGS
+from infertune_operator.kube_resources import SERVICEACCOUNTS as SERVICEACCOUNTS
+from infertune_operator.kube_resources import SERVICES as SERVICES
+from infertune_operator.kube_resources import Resource as Resource
+from infertune_operator.kube_resources import label_selector
+from infertune_operator.kube_resources import labels_match as labels_match
+from infertune_operator.kube_resources import resource_of as resource_of
+from infertune_operator.managed_fields import adopt_legacy_fields
+from infertune_operator.naming import MANAGER, Body
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+# Server-side apply: the body is the object as we want it (JSON is valid YAML).
+APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = MANAGER  # "infertune": the field manager of everything the operator writes
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_TIMEOUT_S: tuple[float, float] = (5.0, 30.0)  # (connect, read)
 # Kept-alive connections per API server: one per concurrent caller, or urllib3 opens and drops
 # a connection per request beyond it. Callers: Kopf's handler threads (handlers.HANDLER_THREADS)
 # and the resync's executor thread.
 CONNECTION_POOL_MAXSIZE = 64
-
-
-# ------------------------------------------------------------------ errors
-
-
-class KubeError(Exception):
-    """Any failed call to the Kubernetes API (or no usable client configuration)."""
-
-    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-class KubeConfigError(KubeError):
-    """No in-cluster service account and no usable kubeconfig."""
-
-
-class NotFound(KubeError):
-    pass
-
-
-class Conflict(KubeError):
-    pass
-
-
-class Forbidden(KubeError):
-    pass
-
-
-def _error(exc: ApiException, what: str) -> KubeError:
-    status = int(exc.status or 0)
-    message = f"{what}: HTTP {status} {exc.reason or ''}".strip()
-    try:
-        payload = json.loads(exc.body) if exc.body else {}
-    except (TypeError, ValueError):
-        payload = {}
-    if isinstance(payload, dict) and payload.get("message"):
-        message = f"{what}: {payload['message']}"
-    cls = {404: NotFound, 409: Conflict, 403: Forbidden}.get(status, KubeError)
-    return cls(message, status=status, reason=str(exc.reason or ""))
-
-
-# ------------------------------------------------------------------ resources
-
-
-@dataclass(frozen=True, slots=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{quote(namespace, safe='')}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{quote(name, safe='')}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-
-INFERENCEDEPLOYMENTS = Resource("infertune.io", "v1alpha1", "inferencedeployments")
-JOBS = Resource("batch", "v1", "jobs")
-CONFIGMAPS = Resource("", "v1", "configmaps")
-DEPLOYMENTS = Resource("apps", "v1", "deployments")
-SERVICES = Resource("", "v1", "services")
-PODS = Resource("", "v1", "pods")
-SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
-ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
-
-BY_KIND: dict[str, Resource] = {
-    "InferenceDeployment": INFERENCEDEPLOYMENTS,
-    "Job": JOBS,
-    "ConfigMap": CONFIGMAPS,
-    "Deployment": DEPLOYMENTS,
-    "Service": SERVICES,
-    "Pod": PODS,
-    "ServiceAccount": SERVICEACCOUNTS,
-    "RoleBinding": ROLEBINDINGS,
-}
-
-
-def resource_of(body: Mapping[str, Any]) -> Resource:
-    kind = str(body.get("kind", ""))
-    try:
-        return BY_KIND[kind]
-    except KeyError:
-        raise KubeError(f"unsupported kind {kind!r}") from None
-
-
-def labels_match(body: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
-    labels = body.get("metadata", {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _selector(labels: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 # ------------------------------------------------------------------ client
@@ -230,13 +168,14 @@ class Kube:
             )
             response = self._api.call_api(*serialized, _request_timeout=self.timeout)
             data = response.read()
+            if not 200 <= response.status <= 299:  # the client's own exception, chained below
+                text = data.decode("utf-8", "replace")
+                ApiException.from_response(http_resp=response, body=text, data=None)
         except ApiException as exc:
-            raise _error(exc, what) from None
-        except Exception as exc:  # urllib3 connection errors and the like
-            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from None
-        if not 200 <= response.status <= 299:
-            raise _error(ApiException(status=response.status, reason=response.reason,
-                                      body=data.decode("utf-8", "replace")), what)  # fmt: skip
+            status, reason = int(exc.status or 0), str(exc.reason or "")
+            raise from_response(status, reason, exc.body, what) from exc
+        except Exception as exc:  # urllib3 connection errors, TLS, timeouts
+            raise unreachable(exc, what) from exc
         if raw:
             return data.decode("utf-8", "replace")
         return json.loads(data) if data else {}
@@ -256,7 +195,7 @@ class Kube:
     def list(
         self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
     ) -> list[Body]:
-        query = [("labelSelector", _selector(labels))] if labels else None
+        query = [("labelSelector", label_selector(labels))] if labels else None
         result = self._call("GET", res.path(namespace), query=query, what=f"list {res.plural}")
         items: list[Body] = list(result.get("items") or [])
         # The server filters already; filtering again keeps us honest with servers that don't.
@@ -269,8 +208,9 @@ class Kube:
         namespace, name = meta.get("namespace"), meta.get("name", "")
         try:
             created: Body = self._call(
-                "POST", res.path(namespace), body=body, what=f"create {res.plural}/{name}"
-            )
+                "POST", res.path(namespace), body=body, query=[("fieldManager", FIELD_MANAGER)],
+                what=f"create {res.plural}/{name}",
+            )  # fmt: skip
             return created, True
         except Conflict:
             existing = self.get(res, namespace, name)
@@ -290,7 +230,10 @@ class Kube:
         """JSON merge patch (RFC 7386): dicts merge, lists and scalars replace, null deletes."""
         path = res.path(namespace, name, subresource)
         what = f"patch {res.plural}/{name}{'/' + subresource if subresource else ''}"
-        result: Body = self._call("PATCH", path, body=patch, content_type=MERGE_PATCH, what=what)
+        query = [("fieldManager", FIELD_MANAGER)]
+        result: Body = self._call(
+            "PATCH", path, body=patch, query=query, content_type=MERGE_PATCH, what=what
+        )
         return result
 
     def delete(self, res: Resource, namespace: str | None, name: str) -> bool:
@@ -313,19 +256,56 @@ class Kube:
 
     # ---- composite helpers
 
-    def apply(self, desired: Body, *, changed: Callable[[Body, Body], bool] | None = None) -> Body:
-        """Create, or merge-patch the whole desired object onto the live one. ``changed(live,
-        desired)``, when given, says whether an existing object needs the patch at all."""
+    def server_side_apply(self, desired: Body) -> Body:
+        """Server-side apply ``desired`` as field manager ``infertune``, forcing conflicts.
+
+        Creates the object when it is absent. The API server keeps, per field manager, the set
+        of fields each one last applied (``metadata.managedFields``): a field infertune applied
+        before and leaves out now is removed, unless another manager also owns it; fields other
+        managers set are left alone. ``force``: a field another manager took over (say someone
+        edited the Deployment's image) is taken back, as a controller must.
+        See https://kubernetes.io/docs/reference/using-api/server-side-apply/
+        """
         res = resource_of(desired)
         meta = desired["metadata"]
-        live = self.get(res, meta.get("namespace"), meta["name"])
-        if live is not None and changed is not None and not changed(live, desired):
-            return live
-        if live is None:
-            obj, created = self.create(desired)
-            if created:
-                return obj
-        return self.patch(res, meta.get("namespace"), meta["name"], desired)
+        name = meta["name"]
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        result: Body = self._call(
+            "PATCH", res.path(meta.get("namespace"), name), body=desired, query=query,
+            content_type=APPLY_PATCH, what=f"apply {res.plural}/{name}",
+        )  # fmt: skip
+        return result
+
+    def apply(self, desired: Body, *, changed: Callable[[Body, Body], bool] | None = None) -> Body:
+        """Server-side apply (:meth:`server_side_apply`) unless ``changed(live, desired)`` says
+        the live object needs nothing (the render-hash skip: one GET instead of a write).
+
+        An object an earlier, merge-patching version wrote first gets its fields handed to the
+        ``infertune`` manager (``managed_fields``), then the apply, whatever the render hash
+        says: that apply removes what such a version left behind.
+        """
+        if changed is not None:
+            res = resource_of(desired)
+            meta = desired["metadata"]
+            live = self.get(res, meta.get("namespace"), meta["name"])
+            adopted = live is not None and self._adopt_legacy_fields(res, live)
+            if live is not None and not adopted and not changed(live, desired):
+                return live
+        return self.server_side_apply(desired)
+
+    def _adopt_legacy_fields(self, res: Resource, live: Body) -> bool:
+        patch = adopt_legacy_fields(live, FIELD_MANAGER)
+        if patch is None:
+            return False
+        meta = live["metadata"]
+        try:
+            self._call(
+                "PATCH", res.path(meta.get("namespace"), meta["name"]), body=patch,
+                content_type=JSON_PATCH, what=f"adopt the fields of {res.plural}/{meta['name']}",
+            )  # fmt: skip
+        except ClientError:  # written in between (the test op failed): the next apply retries
+            return False
+        return True
 
     def ensure(self, body: Body) -> bool:
         """Get-or-create (for shared objects the operator never changes). True if created."""

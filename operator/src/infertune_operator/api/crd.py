@@ -93,6 +93,8 @@ def _resolve(node: Any, defs: dict[str, JsonSchema]) -> Any:
         types = sorted(o.get("type", "") for o in options)
         if types == ["integer", "string"]:
             merged: JsonSchema = {"x-kubernetes-int-or-string": True}
+            # A string pattern (a quantity's) applies to the string form only.
+            merged.update({k: o[k] for o in options for k in ("pattern",) if k in o})
         elif len(options) == 1:
             merged = _resolve(options[0], defs)
         else:

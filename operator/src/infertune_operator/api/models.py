@@ -11,9 +11,10 @@ the enums and defaults from the tuner's ``config`` and ``defaults``.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from infertune_tuner import defaults
 from infertune_tuner.config import KvCacheDtype, Quantization, TrialConfig
@@ -280,7 +281,24 @@ class TuningSpec(ApiModel):
 
 # ---------------------------------------------------------------- spec.serving
 
-Quantity = int | str
+# Kubernetes' quantity grammar (k8s.io/apimachinery/pkg/api/resource): a signed decimal number,
+# then a binary-SI (Ki..Ei), decimal-SI (n, u, m, k, M..E) or exponent (e3, E-2) suffix.
+QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+
+
+def _quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (such as 2, 500m or 16Gi)")
+    return value
+
+
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_quantity),  # one clear message instead of one per union member
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": QUANTITY_PATTERN}]}
+    ),
+]
 
 
 class ResourceOverrides(ApiModel):
