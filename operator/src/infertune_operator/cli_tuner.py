@@ -17,6 +17,7 @@ from infertune_tuner.request import Sampler
 
 EXIT_NO_FEASIBLE = 3
 EXIT_TRIALS_FAILED = 4
+EXIT_INTERRUPTED = 128 + 2  # what a shell reports for Ctrl-C (SIGINT); the report is written
 
 
 def _public_fields(obj: object) -> dict[str, Any]:
@@ -85,6 +86,7 @@ def tune(
     from infertune_operator.api.to_request import to_request
     from infertune_operator.cli_progress import TuneProgress
     from infertune_tuner.report.view import build_view
+    from infertune_tuner.run import INTERRUPTED
     from infertune_tuner.run import tune as run_tune
     from infertune_tuner.run import write_report
 
@@ -108,11 +110,14 @@ def tune(
             request, backend=backend, out_dir=out_dir, server_command=server_command,
             on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
         )  # fmt: skip
-    except BaseException:
+        shown.finish(report.stopped_reason)
+        paths = write_report(report, out_dir)
+    except BaseException as exc:
         shown.finish(None)
+        if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
+            where = exc.filename or out_dir
+            raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
         raise
-    shown.finish(report.stopped_reason)
-    paths = write_report(report, out_dir)
     typer.echo(build_view(report).verdict)
     resumed = (
         f", {report.resumed_trials} of them by an earlier run" if report.resumed_trials else ""
@@ -121,6 +126,8 @@ def tune(
         f"{report.executed_trials} trials executed{resumed} ({report.stopped_reason}); "
         f"report: {', '.join(str(p) for p in paths)}"
     )
+    if report.stopped_reason == INTERRUPTED:
+        raise typer.Exit(EXIT_INTERRUPTED)
     if report.best is None and report.stopped_reason.startswith("aborted"):
         raise InputError(report.stopped_reason, exit_code=EXIT_TRIALS_FAILED)
     if report.best is None:

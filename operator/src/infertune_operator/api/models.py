@@ -11,23 +11,25 @@ the enums and defaults from the tuner's ``config`` and ``defaults``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from infertune_operator.api.base import ApiModel
+
+# The status models live in api/status.py; re-exported here, the API's one import point.
+from infertune_operator.api.status import BestConfig as BestConfig
+from infertune_operator.api.status import BestMetrics as BestMetrics
+from infertune_operator.api.status import Condition as Condition
+from infertune_operator.api.status import InferenceDeploymentStatus
+from infertune_operator.api.status import Phase as Phase
+from infertune_operator.api.status import TrialCounts as TrialCounts
 from infertune_tuner import defaults
-from infertune_tuner.config import KvCacheDtype, Quantization, TrialConfig
-from infertune_tuner.metrics import (
-    LATENCY_METRICS,
-    OBJECTIVE,
-    PERCENTILES,
-    LatencyMetric,
-    listing,
-)
+from infertune_tuner.config import KvCacheDtype, Quantization
+from infertune_tuner.metrics import LATENCY_METRICS, LatencyMetric, listing
 from infertune_tuner.request import Sampler
-from infertune_tuner.result import Metrics
 from infertune_tuner.runtime.weights import pvc_claims
-from infertune_tuner.schema import Record, to_camel, with_fields
+from infertune_tuner.schema import to_camel, with_fields
 
 GROUP = "infertune.io"
 VERSION = "v1alpha1"
@@ -39,23 +41,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 TensorParallel = Literal[1, 2, 4, 8, 16, 32, 64]
 Backend = Literal["triton", "simulated"]  # where an InferenceDeployment's trials run
-Phase = Literal["Pending", "Tuning", "Deploying", "Ready", "Failed"]
 
 PositiveInt = Annotated[int, Field(ge=1)]
-
-
-class ApiModel(Record):
-    """A Record with the Kubernetes wire format: camelCase on the wire, snake_case in Python."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        validate_default=True,
-    )
-
-    def wire(self) -> dict[str, object]:
-        """The camelCase dict a user would write (unset optional fields left out)."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 # ---------------------------------------------------------------- spec.model
@@ -323,83 +310,6 @@ class InferenceDeploymentSpec(ApiModel):
                 f"({self.gpu.max_gpus_per_replica})"
             )
         return self
-
-
-# ---------------------------------------------------------------- status
-
-
-class Condition(ApiModel):
-    """metav1.Condition."""
-
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
-
-
-class BestConfig(ApiModel):
-    tp: int
-    max_batch_size: int
-    quantization: str
-    kv_cache_dtype: str
-
-    @classmethod
-    def of(cls, config: TrialConfig) -> BestConfig:
-        return cls(**config.as_dict())
-
-    def to_config(self) -> TrialConfig:
-        return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
-
-
-# One field per percentile of each latency metric of the registry (ttftP50Ms ... e2eP99Ms).
-@with_fields({
-    m.column(p): (float | None, None) for m in LATENCY_METRICS for p in PERCENTILES
-})  # fmt: skip
-class BestMetrics(ApiModel):
-    """The best configuration's measured latencies and tok/s/GPU; whether it met the SLO."""
-
-    output_tokens_per_second_per_gpu: float | None = None
-    slo_met: bool | None = None
-
-    @classmethod
-    def of(cls, measured: Metrics, *, slo_met: bool) -> BestMetrics:
-        """The status view of a report's metrics."""
-        fields: dict[str, Any] = {
-            m.column(p): measured.latency(m.key, p) for m in LATENCY_METRICS for p in PERCENTILES
-        }
-        fields[OBJECTIVE.status_field] = OBJECTIVE.of(measured)
-        return cls(**fields, slo_met=slo_met)
-
-
-class TrialCounts(ApiModel):
-    """Trials executed on GPUs, of all the configurations the report lists."""
-
-    executed: int = 0
-    total: int = 0
-
-
-class InferenceDeploymentStatus(ApiModel):
-    """What the operator writes into .status. Built partially: only the fields a transition sets
-    are part of its patch (see :meth:`patch`); a field set to None is removed from the object."""
-
-    model_config = ConfigDict(extra="allow")  # others may keep bookkeeping in status (Kopf did)
-
-    phase: Phase | None = None
-    conditions: list[Condition] | None = None
-    observed_generation: int | None = None
-    best_config: BestConfig | None = None
-    best_metrics: BestMetrics | None = None
-    trials: TrialCounts | None = None
-    report_config_map: str | None = None
-    endpoint: str | None = None
-    message: str | None = None
-    tuning_hash: str | None = None
-
-    def patch(self) -> dict[str, Any]:
-        """The JSON merge patch of the fields that were set (None: delete the field)."""
-        return self.model_dump(by_alias=True, exclude_unset=True, mode="json")
 
 
 class ObjectMeta(ApiModel):
