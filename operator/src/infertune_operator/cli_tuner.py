@@ -82,19 +82,25 @@ def tune(
     trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
     recorded measurements. Re-running with the same output directory resumes the study.
     """
+    from infertune_operator.api.feasibility import feasibility_problems
     from infertune_operator.api.manifest import load_deployment
+    from infertune_operator.api.models import SEED_MAX
     from infertune_operator.api.to_request import to_request
     from infertune_operator.cli_progress import TuneProgress
     from infertune_tuner.report.view import build_view
-    from infertune_tuner.run import INTERRUPTED
+    from infertune_tuner.run import INTERRUPTED, write_report
     from infertune_tuner.run import tune as run_tune
-    from infertune_tuner.run import write_report
 
     exit_on_sigterm()
     obj = load_deployment(spec)
+    problems = feasibility_problems(obj, backend=backend.split(":")[0], memory=False)
+    if problems:
+        raise InputError(f"{spec}: cannot be tuned", [str(p) for p in problems])
     request = to_request(obj, default_backend=backend.split(":")[0])
     overrides: dict[str, object] = {"backend": backend}
     if seed is not None:
+        if not 0 <= seed <= SEED_MAX:
+            raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
         overrides["seed"] = seed
     if max_trials is not None:
         if max_trials < 1:

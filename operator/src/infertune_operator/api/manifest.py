@@ -104,9 +104,15 @@ def load_documents(path: Path) -> list[dict[str, Any]]:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         docs = _parse(path, text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise InputError(f"{where}: not valid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
-    except ValueError as exc:  # json.JSONDecodeError, a duplicate key
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except ValueError as exc:  # a duplicate key
         raise InputError(f"{path}: not valid JSON: {exc}") from None
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to be a manifest") from None

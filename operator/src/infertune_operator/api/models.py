@@ -43,6 +43,7 @@ TensorParallel = Literal[1, 2, 4, 8, 16, 32, 64]
 Backend = Literal["triton", "simulated"]  # where an InferenceDeployment's trials run
 
 PositiveInt = Annotated[int, Field(ge=1)]
+SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
 
 
 # ---------------------------------------------------------------- spec.model
@@ -97,6 +98,10 @@ class ArchitectureOverride(ApiModel):
         if self.hidden_size % self.heads:
             raise ValueError(
                 f"hiddenSize ({self.hidden_size}) must be a multiple of heads ({self.heads})"
+            )
+        if (self.experts_active or 1) > (self.experts or 1):
+            raise ValueError(
+                f"expertsActive ({self.experts_active}) must not exceed experts ({self.experts or 1})"
             )
         return self
 
@@ -244,7 +249,7 @@ class TuningSpec(ApiModel):
         default=None,
         description=f"Cap on executed trials (default {defaults.MAX_TRIALS}). A cap, not a target.",
     )
-    seed: Annotated[int, Field(ge=0)] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     backend: Backend | None = Field(
         default=None,
         description=f"triton (real GPUs) or simulated (no GPU needed); default "
@@ -312,11 +317,20 @@ class InferenceDeploymentSpec(ApiModel):
         return self
 
 
+# metadata.name becomes the name of a Service, a Deployment, a Job and a ConfigMap (with
+# suffixes): a DNS-1035 label (a letter first), short enough for the longest derived name.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX_LENGTH = 48
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
+
+
 class ObjectMeta(ApiModel):
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(min_length=1, max_length=48, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    namespace: str | None = None
+    name: str = Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=NAMESPACE_PATTERN
+    )
 
 
 class InferenceDeployment(ApiModel):
