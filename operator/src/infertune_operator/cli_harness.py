@@ -9,6 +9,7 @@ server cannot be reached or the arguments are invalid.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -137,6 +138,7 @@ def bench(
     """Drive a Triton server with streaming requests; report TTFT, ITL, E2E and throughput."""
     from infertune_tuner.harness.loadgen import LoadSpec, run_load_sync
 
+    _check_bench_numbers(request_rate=request_rate, timeout=timeout, deadline=deadline, seed=seed)
     spec = LoadSpec(
         url=url, model=model,
         concurrency=concurrency if concurrency is not None or request_rate else 1,
@@ -144,6 +146,8 @@ def bench(
         warmup=warmup, request_rate=request_rate, seed=seed, request_timeout_s=timeout,
         deadline_s=deadline,
     )  # fmt: skip
+    spec.validate()
+    _check_served(url, model, connect_timeout_s=spec.connect_timeout_s)
     result = run_load_sync(spec)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
@@ -151,6 +155,44 @@ def bench(
         _print_table(result)
     if result.errors or "stopped" in result.settings:
         raise typer.Exit(EXIT_SOME_FAILED)
+
+
+SEED_MAX = 2**32 - 1
+
+
+def _check_bench_numbers(
+    *, request_rate: float | None, timeout: float, deadline: float, seed: int
+) -> None:
+    """Numbers the load generator cannot use: nan / inf, non-positive times, a 33-bit seed."""
+    for option, value in (("--request-rate", request_rate), ("--timeout", timeout),
+                          ("--deadline", deadline)):  # fmt: skip
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise InputError(f"{option} must be a positive number, not {value}")
+    if not 0 <= seed <= SEED_MAX:
+        raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
+
+
+def _check_served(url: str, model: str, *, connect_timeout_s: float) -> None:
+    """The server answers and serves ``model``: checked before any request, so that a wrong
+    --model is one error line, not a table of failed requests."""
+    from tritonclient.grpc import InferenceServerClient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client = InferenceServerClient(url)
+    except Exception as exc:  # tritonclient raises bare exceptions for a malformed URL
+        raise InputError(f"--url {url!r}: {exc}") from None
+    try:
+        try:
+            client.is_server_live(client_timeout=connect_timeout_s)
+        except InferenceServerException as exc:
+            raise InputError(f"cannot reach Triton at {url}: {exc.message()}") from None
+        try:
+            client.get_model_metadata(model, client_timeout=connect_timeout_s)
+        except InferenceServerException as exc:
+            raise InputError(f"--model {model!r}: not served at {url}: {exc.message()}") from None
+    finally:
+        client.close()
 
 
 def render(
