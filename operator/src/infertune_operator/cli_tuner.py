@@ -164,21 +164,17 @@ def predict(
     from infertune_tuner.metrics import LATENCY_METRICS
     from infertune_tuner.perfmodel import predict as run_predict
     from infertune_tuner.perfmodel.factors import DEFAULT_STACK, STACKS
+    from infertune_tuner.servable import config_problems
 
     arch, g = resolve_model(model), get_gpu(gpu)
     stack = stack or DEFAULT_STACK
     problems = []
-    if quant not in g.quantizations:
-        problems.append(
-            f"{g.key} ({g.architecture}) does not support {quant}; it supports "
-            f"{', '.join(sorted(g.quantizations))}"
-        )
-    if kv_dtype not in g.kv_dtypes:
-        problems.append(f"{g.key} has no FP8 KV cache")
-    if tp < 1 or not arch.valid_tp(tp):
-        problems.append(f"--tp {tp} must divide the model's {arch.heads} attention heads")
-    if batch < 1 or isl < 1 or osl < 1:
-        problems.append("--batch, --isl and --osl must be positive")
+    if tp < 1 or batch < 1 or isl < 1 or osl < 1:
+        problems.append("--tp, --batch, --isl and --osl must be positive")
+    else:
+        problems += [
+            f"--{p}" for p in config_problems(arch, g, TrialConfig(tp, batch, quant, kv_dtype))
+        ]
     if stack not in STACKS:
         problems.append(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
     if problems:
