@@ -72,16 +72,24 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _depth(doc: Any) -> int:
-    deepest, todo = 0, [(doc, 1)]
+MAX_NODES = 100_000  # values, aliases counted each time they are used (no YAML bombs)
+
+
+def _shape_problem(doc: Any) -> str | None:
+    """Why ``doc`` is no manifest by its shape alone: nested too deep, or too many values."""
+    todo, count = [(doc, 1)], 0
     while todo:
         node, level = todo.pop()
-        deepest = max(deepest, level)
+        count += 1
+        if level > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep"
+        if count > MAX_NODES:
+            return f"more than {MAX_NODES} values (YAML aliases expand)"
         if isinstance(node, dict):
             todo.extend((v, level + 1) for v in node.values())
         elif isinstance(node, list):
             todo.extend((v, level + 1) for v in node)
-    return deepest
+    return None
 
 
 def _parse(path: Path, text: str) -> list[Any]:
@@ -116,8 +124,9 @@ def load_documents(path: Path) -> list[dict[str, Any]]:
         raise InputError(f"{path}: not valid JSON: {exc}") from None
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to be a manifest") from None
-    if any(_depth(d) > MAX_DEPTH for d in docs):
-        raise InputError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a manifest")
+    for doc in docs:
+        if (shape := _shape_problem(doc)) is not None:
+            raise InputError(f"{path}: {shape}; not a manifest")
     if not docs:
         raise InputError(f"{path}: the file holds no document")
     bad = [i for i, d in enumerate(docs) if not isinstance(d, dict)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from infertune_operator.api.base import ApiModel
 
@@ -39,7 +39,15 @@ SINGULAR = "inferencedeployment"
 SHORT_NAMES = ["infd"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-TensorParallel = Literal[1, 2, 4, 8, 16, 32, 64]
+
+def _not_bool(value: object) -> object:
+    # Literal[1, ...] alone takes True (True == 1); the API server's integer type does not.
+    if isinstance(value, bool):
+        raise ValueError("Input should be a valid integer, not a boolean")
+    return value
+
+
+TensorParallel = Annotated[Literal[1, 2, 4, 8, 16, 32, 64], BeforeValidator(_not_bool)]
 Backend = Literal["triton", "simulated"]  # where an InferenceDeployment's trials run
 
 PositiveInt = Annotated[int, Field(ge=1)]
