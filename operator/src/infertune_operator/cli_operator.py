@@ -23,10 +23,14 @@ DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 def _kube() -> Kube:
     from infertune_operator import k8s
 
+    import yaml
+
     try:
         return k8s.Kube.from_environment()
     except k8s.KubeConfigError as exc:
         raise InputError(f"cannot reach a cluster: {exc}") from None
+    except yaml.YAMLError as exc:  # the client parses the kubeconfig and lets this through
+        raise InputError(f"cannot reach a cluster: the kubeconfig is not YAML: {exc}") from None
 
 
 def _check_reachable(kube: Kube) -> None:
