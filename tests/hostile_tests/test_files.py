@@ -38,7 +38,7 @@ FILES: list[tuple[str, str, str | bytes, str]] = [
             {**BASE, "spec": {**BASE["spec"], "slo": {"e2eLatencyMs": {"p95": float("nan")}}}}
         ),
         "spec.slo.e2eLatencyMs.p95",
-    ),  # fmt: skip
+    ),
     (
         "yaml-duplicate-field",
         "m.yaml",
@@ -63,7 +63,7 @@ FILES: list[tuple[str, str, str | bytes, str]] = [
         "m.yaml",
         LAUGHS + GOOD.replace("name: hostile", "name: hostile\n  bomb: *i"),
         "more than 100000 values",
-    ),  # fmt: skip
+    ),
     ("two-deployments", "m.yaml", GOOD + "---\n" + GOOD, "2 InferenceDeployment documents"),
     ("other-kinds-only", "m.yaml", "kind: ConfigMap\n---\nkind: Secret\n", "no document of kind"),
     ("unknown-tag", "m.yaml", "spec: !!python/object:os.system {}\n", "not valid YAML"),

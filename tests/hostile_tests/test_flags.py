@@ -108,7 +108,7 @@ FLAGS: list[tuple[str, list[str], str]] = [
             ),
         ],
         "--architecture: heads must be whole numbers >= 1",
-    ),  # fmt: skip
+    ),
     ("sim-arch-bool", [*SIM, "--architecture", '{"layers": true}'], "layers must be whole numbers"),
     (
         "sim-arch-string",
