@@ -33,7 +33,7 @@ BASE: dict[str, Any] = {
             "quantization": ["bf16", "fp8"],
             "kvCacheDtype": ["auto"],
         },
-        "tuning": {"maxTrials": 3, "seed": 1, "backend": "simulated"},
+        "tuning": {"maxTrials": 3, "seed": 1, "backend": "simulated", "sampler": "random"},
     },
 }
 

@@ -48,7 +48,7 @@ from infertune_tuner.search import (
 )
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.strategy import Planner
-from infertune_tuner.study_storage import lock_study
+from infertune_tuner.study_storage import lock_study, storage_fault
 from infertune_tuner.untried import untried_groups
 
 log = logging.getLogger(__name__)
@@ -302,6 +302,10 @@ def tune(
             outcome = search.run(backends)
         except KeyboardInterrupt:  # Ctrl-C: the report of the trials done, then exit 130
             outcome = SearchOutcome(INTERRUPTED, study, None)
+        except Exception as exc:
+            if (fault := storage_fault(exc)) is None:
+                raise
+            raise fault from None  # the disk, not the search: the caller says which file
         return build_report(
             request, space, priors, outcome.study, backend=backend_name,
             stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,

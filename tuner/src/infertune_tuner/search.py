@@ -272,8 +272,14 @@ class Search:
     def recover_interrupted(self) -> int:
         """Mark trials a killed single-worker run left RUNNING as failed (they will be rerun)."""
         stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        for t in stale:
-            self.study.tell(t.number, state=TrialState.FAIL)
+        # Bookkeeping, not a search decision: the search's sampler must not hear of it (it
+        # would decide to stop, and Study.stop outside optimize() raises).
+        sampler, self.study.sampler = self.study.sampler, optuna.samplers.RandomSampler()
+        try:
+            for t in stale:
+                self.study.tell(t.number, state=TrialState.FAIL)
+        finally:
+            self.study.sampler = sampler
         return len(stale)
 
     # -- one trial

@@ -232,3 +232,16 @@ def storage_url_problem(url: str) -> str | None:
             f"(cannot import {exc.name or exc}); install it or name an installed driver"
         )
     return None
+
+
+def storage_fault(exc: BaseException) -> OSError | None:
+    """The OSError (a full disk, a folder gone read-only) behind a failure of the study, if
+    any: Optuna may end in an error of its own while handling one from the storage."""
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        if isinstance(node, OSError):
+            return node
+        seen.add(id(node))
+        node = node.__cause__ or node.__context__
+    return None
