@@ -21,9 +21,9 @@ DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 
 
 def _kube() -> Kube:
-    from infertune_operator import k8s
-
     import yaml
+
+    from infertune_operator import k8s
 
     try:
         return k8s.Kube.from_environment()
