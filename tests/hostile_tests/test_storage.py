@@ -13,7 +13,7 @@ import pytest
 
 from infertune_tuner.study_storage import JOURNAL, LOCK
 
-from .corpus import check, invoke, manifest
+from .corpus import check, invoke, manifest, put
 
 
 def tune(tmp_path: Path, out: Path | str, *extra: str) -> object:
@@ -54,6 +54,22 @@ def test_out_in_special_places(tmp_path: Path, out: str, reason: str) -> None:
     if not Path("/proc/self").exists():
         pytest.skip("needs Linux /dev and /proc")
     check(tune(tmp_path, out), 2, f"output directory {out}: {reason}")  # type: ignore[arg-type]
+
+
+def test_out_where_even_root_cannot_write(tmp_path: Path) -> None:
+    out = Path("/sys/infertune-out")
+    mounts = Path("/proc/mounts").read_text() if Path("/proc/mounts").exists() else ""
+    if " /sys sysfs " not in mounts:  # sysfs takes no new entries, not even from root
+        pytest.skip("needs a sysfs at /sys")
+    check(tune(tmp_path, out), 2, f"output directory {out}: cannot create it: ")  # type: ignore[arg-type]
+    assert not out.exists()
+
+
+def test_an_rdb_storage_that_cannot_be_opened(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/missing/dir/study.db"
+    result = invoke(["tune", manifest(tmp_path, put("spec.tuning.storage", url)), "--out",
+                     tmp_path / "out", "--no-progress"])  # fmt: skip
+    check(result, 2, f"spec.tuning.storage {url}: cannot use it: unable to open database file")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

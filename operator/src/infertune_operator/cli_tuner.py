@@ -82,6 +82,9 @@ def tune(
     trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
     recorded measurements. Re-running with the same output directory resumes the study.
     """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
     from infertune_operator.api.feasibility import feasibility_problems
     from infertune_operator.api.manifest import load_deployment
     from infertune_operator.api.models import SEED_MAX
@@ -123,6 +126,10 @@ def tune(
         if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
             where = exc.filename or out_dir
             raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
+        if isinstance(exc, SQLAlchemyError) and request.tuning.storage:  # the RDB study storage
+            url = make_url(request.tuning.storage).render_as_string(hide_password=True)
+            reason = getattr(exc, "orig", None) or exc
+            raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
         raise
     typer.echo(build_view(report).verdict)
     resumed = (
