@@ -27,6 +27,11 @@ FLAGS: list[tuple[str, list[str], str]] = [
     ("predict-tp-3", [*PREDICT, "--tp", "3"], "tp 3 must divide llama-3-8b's 32 attention heads"),
     ("predict-tp-0", [*PREDICT, "--tp", "0"], "--tp, --batch, --isl and --osl must be positive"),
     ("predict-batch-0", [*PREDICT, "--batch", "0"], "must be positive"),
+    (
+        "predict-batch-huge",
+        [*PREDICT, "--batch", str(10**21)],
+        "max_batch_size must be between 1 and 65536",
+    ),
     ("predict-isl-negative", [*PREDICT, "--isl", "-5"], "must be positive"),
     (
         "predict-fp8-a100",
@@ -71,7 +76,11 @@ FLAGS: list[tuple[str, list[str], str]] = [
     ("sim-time-scale-nan", [*SIM, "--time-scale", "nan"], "--time-scale must be a positive number"),
     ("sim-time-scale-inf", [*SIM, "--time-scale", "inf"], "--time-scale must be a positive number"),
     ("sim-time-scale-0", [*SIM, "--time-scale", "0"], "--time-scale must be a positive number"),
-    ("sim-max-batch-0", [*SIM[:-3], "0", "--host", "127.0.0.1"], "--max-batch must be at least 1"),
+    (
+        "sim-max-batch-0",
+        [*SIM[:-3], "0", "--host", "127.0.0.1"],
+        "--max-batch must be between 1 and 65536",
+    ),
     ("sim-tp-3", [*SIM, "--tp", "3"], "tensor parallel size 3 must divide the 32 attention heads"),
     (
         "sim-fp8-a100",
@@ -121,6 +130,11 @@ FLAGS: list[tuple[str, list[str], str]] = [
         "experts_active must not exceed experts",
     ),
     ("sim-arch-missing", [*SIM, "--architecture", '{"layers": 2}'], "--architecture:"),
+    (
+        "sim-max-batch-huge",
+        [*SIM[:-3], str(10**21), "--host", "127.0.0.1"],
+        "--max-batch must be between",
+    ),
     ("sim-served-empty", [*SIM, "--served-model", ""], "--served-model must not be empty"),
     # bench: numbers first (before any connection), then the server and the model
     (

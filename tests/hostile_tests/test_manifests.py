@@ -46,6 +46,7 @@ STRICT: list[tuple[str, Edit, str]] = [
     ("tp-empty", put(f"{S}.tensorParallel", []), f"{S}.tensorParallel"),
     ("tp-twice", put(f"{S}.tensorParallel", [1, 1]), "search.tensorParallel: 1 listed twice"),
     ("batch-0", put(f"{S}.maxBatchSize", [0]), f"{S}.maxBatchSize[0]"),
+    ("batch-huge", put(f"{S}.maxBatchSize", [10**30]), f"{S}.maxBatchSize[0]"),
     ("batch-string", put(f"{S}.maxBatchSize", ["8"]), f"{S}.maxBatchSize[0]"),
     ("batch-twice", put(f"{S}.maxBatchSize", [8, 8]), "search.maxBatchSize: 8 listed twice"),
     ("quant-unknown", put(f"{S}.quantization", ["int3"]), f"{S}.quantization[0]"),

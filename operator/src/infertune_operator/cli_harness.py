@@ -19,6 +19,7 @@ import typer
 from infertune_tuner.config import (
     CONFIG_KEYS,
     KV_CACHE_DTYPE_VALUES,
+    MAX_BATCH_SIZE_LIMIT,
     QUANTIZATION_VALUES,
     TrialConfig,
 )
@@ -139,6 +140,11 @@ def bench(
     from infertune_tuner.harness.loadgen import LoadSpec, run_load_sync
 
     _check_bench_numbers(request_rate=request_rate, timeout=timeout, deadline=deadline, seed=seed)
+    for option, tokens in (("--input-tokens", input_tokens), ("--output-tokens", output_tokens)):
+        if tokens > MAX_BENCH_TOKENS:
+            raise InputError(f"{option} must be at most {MAX_BENCH_TOKENS}, not {tokens}")
+    if concurrency is not None and concurrency > MAX_BATCH_SIZE_LIMIT:
+        raise InputError(f"--concurrency must be at most {MAX_BATCH_SIZE_LIMIT}, not {concurrency}")
     spec = LoadSpec(
         url=url, model=model,
         concurrency=concurrency if concurrency is not None or request_rate else 1,
@@ -158,6 +164,7 @@ def bench(
 
 
 SEED_MAX = 2**32 - 1
+MAX_BENCH_TOKENS = 2**20  # longer than any model's context: a typo, and a prompt too big to build
 
 
 def _check_bench_numbers(

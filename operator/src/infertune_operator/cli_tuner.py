@@ -179,9 +179,7 @@ def predict(
     if tp < 1 or batch < 1 or isl < 1 or osl < 1:
         problems.append("--tp, --batch, --isl and --osl must be positive")
     else:
-        problems += [
-            f"--{p}" for p in config_problems(arch, g, TrialConfig(tp, batch, quant, kv_dtype))
-        ]
+        problems += config_problems(arch, g, TrialConfig(tp, batch, quant, kv_dtype))
     if stack not in STACKS:
         problems.append(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
     if problems:

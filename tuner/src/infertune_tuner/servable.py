@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
-from infertune_tuner.config import TrialConfig, Workload
+from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, TrialConfig, Workload
 
 
 def config_problems(
@@ -26,8 +26,10 @@ def config_problems(
         problems.append(f"tp {cfg.tp} must divide {arch.key}'s {arch.heads} attention heads")
     if max_gpus is not None and cfg.tp > max_gpus:
         problems.append(f"tp {cfg.tp} exceeds gpu.maxGpusPerReplica ({max_gpus})")
-    if cfg.max_batch_size < 1:
-        problems.append(f"max_batch_size must be at least 1, not {cfg.max_batch_size}")
+    if not 1 <= cfg.max_batch_size <= MAX_BATCH_SIZE_LIMIT:
+        problems.append(
+            f"max_batch_size must be between 1 and {MAX_BATCH_SIZE_LIMIT}, not {cfg.max_batch_size}"
+        )
     if cfg.quantization not in gpu.quantizations:
         problems.append(
             f"quantization: {gpu.key} ({gpu.architecture}) does not support {cfg.quantization}; "

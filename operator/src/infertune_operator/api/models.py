@@ -25,7 +25,7 @@ from infertune_operator.api.status import InferenceDeploymentStatus
 from infertune_operator.api.status import Phase as Phase
 from infertune_operator.api.status import TrialCounts as TrialCounts
 from infertune_tuner import defaults
-from infertune_tuner.config import KvCacheDtype, Quantization
+from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, KvCacheDtype, Quantization
 from infertune_tuner.metrics import LATENCY_METRICS, LatencyMetric, listing
 from infertune_tuner.request import Sampler
 from infertune_tuner.runtime.weights import pvc_claims
@@ -233,7 +233,7 @@ class SearchSpec(ApiModel):
     tensor_parallel: list[TensorParallel] = Field(
         default=list(defaults.TENSOR_PARALLEL), min_length=1, max_length=7
     )
-    max_batch_size: list[PositiveInt] = Field(
+    max_batch_size: list[Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE_LIMIT)]] = Field(
         default=list(defaults.MAX_BATCH_SIZE), min_length=1, max_length=64
     )
     quantization: list[Quantization] = Field(

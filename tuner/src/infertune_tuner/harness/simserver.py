@@ -37,7 +37,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from infertune_tuner.catalog.gpus import Gpu, get_gpu
 from infertune_tuner.catalog.models import ModelArch, get_model
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
-from infertune_tuner.config import TrialConfig
+from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, TrialConfig
 from infertune_tuner.errors import EXIT_INVALID, InputError
 from infertune_tuner.harness.engine import oom_message
 from infertune_tuner.harness.sim_service import SimTritonService
@@ -104,8 +104,8 @@ def build_config(
         raise InputError(f"{g.key} does not support a {kv_dtype} KV cache")
     if tp < 1 or not arch.valid_tp(tp):
         raise InputError(f"tensor parallel size {tp} must divide the {arch.heads} attention heads")
-    if max_batch < 1:
-        raise InputError("--max-batch must be at least 1")
+    if not 1 <= max_batch <= MAX_BATCH_SIZE_LIMIT:
+        raise InputError(f"--max-batch must be between 1 and {MAX_BATCH_SIZE_LIMIT}")
     if not math.isfinite(time_scale) or time_scale <= 0:
         raise InputError(f"--time-scale must be a positive number, not {time_scale}")
     if not served_model:
