@@ -75,12 +75,22 @@ def test_bench_table(cli: CliRunner, server_port: int) -> None:
 
 
 def test_bench_exits_1_when_requests_fail(cli: CliRunner, server_port: int) -> None:
-    args = bench_args(server_port, "--json")
+    # Each request takes milliseconds of modelled time; a 0.1 ms timeout fails every one.
+    result = cli.invoke(app, bench_args(server_port, "--json", "--timeout", "0.0001"))
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["errors"] >= 1 and data["requests"] == 0 and data["error_samples"]
+
+
+def test_bench_wrong_model_is_one_error_before_any_request(
+    cli: CliRunner, server_port: int
+) -> None:
+    args = bench_args(server_port)
     args[args.index("llm")] = "nope"
     result = cli.invoke(app, args)
-    assert result.exit_code == 1
-    data = json.loads(result.stdout)
-    assert data["errors"] == 8 and data["requests"] == 0 and data["error_samples"]
+    assert result.exit_code == 2
+    assert result.stdout == ""  # no empty table
+    assert result.stderr.startswith("error: --model 'nope': not served at")
 
 
 def test_bench_unreachable_server_exits_2(cli: CliRunner) -> None:

@@ -62,10 +62,13 @@ def validate(
     file: Annotated[Path, typer.Argument(help="InferenceDeployment manifest, YAML or JSON.")],
 ) -> None:
     """Check a manifest; report every problem with its field path (exit 2 when invalid)."""
+    from infertune_operator.api.feasibility import feasibility_problems
     from infertune_operator.api.manifest import find_deployment_document, validate_document
 
     obj, problems = validate_document(find_deployment_document(file))
-    if obj is None:
+    if obj is not None:
+        problems = feasibility_problems(obj)
+    if obj is None or problems:
         typer.echo(
             f"{file}: invalid ({len(problems)} problem{'s' * (len(problems) != 1)})", err=True
         )

@@ -9,6 +9,7 @@ server cannot be reached or the arguments are invalid.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ import typer
 from infertune_tuner.config import (
     CONFIG_KEYS,
     KV_CACHE_DTYPE_VALUES,
+    MAX_BATCH_SIZE_LIMIT,
     QUANTIZATION_VALUES,
     TrialConfig,
 )
@@ -137,6 +139,12 @@ def bench(
     """Drive a Triton server with streaming requests; report TTFT, ITL, E2E and throughput."""
     from infertune_tuner.harness.loadgen import LoadSpec, run_load_sync
 
+    _check_bench_numbers(request_rate=request_rate, timeout=timeout, deadline=deadline, seed=seed)
+    for option, tokens in (("--input-tokens", input_tokens), ("--output-tokens", output_tokens)):
+        if tokens > MAX_BENCH_TOKENS:
+            raise InputError(f"{option} must be at most {MAX_BENCH_TOKENS}, not {tokens}")
+    if concurrency is not None and concurrency > MAX_BATCH_SIZE_LIMIT:
+        raise InputError(f"--concurrency must be at most {MAX_BATCH_SIZE_LIMIT}, not {concurrency}")
     spec = LoadSpec(
         url=url, model=model,
         concurrency=concurrency if concurrency is not None or request_rate else 1,
@@ -144,6 +152,8 @@ def bench(
         warmup=warmup, request_rate=request_rate, seed=seed, request_timeout_s=timeout,
         deadline_s=deadline,
     )  # fmt: skip
+    spec.validate()
+    _check_served(url, model, connect_timeout_s=spec.connect_timeout_s)
     result = run_load_sync(spec)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
@@ -151,6 +161,45 @@ def bench(
         _print_table(result)
     if result.errors or "stopped" in result.settings:
         raise typer.Exit(EXIT_SOME_FAILED)
+
+
+SEED_MAX = 2**32 - 1
+MAX_BENCH_TOKENS = 2**20  # longer than any model's context: a typo, and a prompt too big to build
+
+
+def _check_bench_numbers(
+    *, request_rate: float | None, timeout: float, deadline: float, seed: int
+) -> None:
+    """Numbers the load generator cannot use: nan / inf, non-positive times, a 33-bit seed."""
+    for option, value in (("--request-rate", request_rate), ("--timeout", timeout),
+                          ("--deadline", deadline)):  # fmt: skip
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise InputError(f"{option} must be a positive number, not {value}")
+    if not 0 <= seed <= SEED_MAX:
+        raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
+
+
+def _check_served(url: str, model: str, *, connect_timeout_s: float) -> None:
+    """The server answers and serves ``model``: checked before any request, so that a wrong
+    --model is one error line, not a table of failed requests."""
+    from tritonclient.grpc import InferenceServerClient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client = InferenceServerClient(url)
+    except Exception as exc:  # tritonclient raises bare exceptions for a malformed URL
+        raise InputError(f"--url {url!r}: {exc}") from None
+    try:
+        try:
+            client.is_server_live(client_timeout=connect_timeout_s)
+        except InferenceServerException as exc:
+            raise InputError(f"cannot reach Triton at {url}: {exc.message()}") from None
+        try:
+            client.get_model_metadata(model, client_timeout=connect_timeout_s)
+        except InferenceServerException as exc:
+            raise InputError(f"--model {model!r}: not served at {url}: {exc.message()}") from None
+    finally:
+        client.close()
 
 
 def render(
@@ -184,8 +233,25 @@ def render(
     except ValueError as exc:
         raise InputError(str(exc)) from None
     runtime = None if simulated is None else SimulatedRuntime() if simulated else TritonRuntime()
+    _check_servable(obj, config)
     objects = render_serving(obj, config, settings, runtime=runtime)
     sys.stdout.write(yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False))
+
+
+def _check_servable(obj: Any, config: TrialConfig) -> None:
+    """What `predict` would say against this configuration: render nothing that cannot run."""
+    from infertune_operator.api.to_request import to_request
+    from infertune_tuner.servable import config_problems, fit_problem
+
+    request = to_request(obj)
+    arch, gpu = request.resolve_model(), request.resolve_gpu()
+    problems = config_problems(arch, gpu, config, max_gpus=request.gpu.max_gpus_per_replica)
+    if not problems:
+        too_long = arch.context_problem(request.work.input_tokens, request.work.output_tokens)
+        fit = too_long or fit_problem(arch, gpu, config, request.work)
+        problems += [fit] if fit else []
+    if problems:
+        raise InputError(f"--config {config.label()} cannot be served", problems)
 
 
 def _block_dumper() -> Any:

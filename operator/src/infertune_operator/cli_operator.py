@@ -21,12 +21,33 @@ DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 
 
 def _kube() -> Kube:
+    import yaml
+
     from infertune_operator import k8s
 
     try:
         return k8s.Kube.from_environment()
     except k8s.KubeConfigError as exc:
         raise InputError(f"cannot reach a cluster: {exc}") from None
+    except yaml.YAMLError as exc:  # the client parses the kubeconfig and lets this through
+        raise InputError(f"cannot reach a cluster: the kubeconfig is not YAML: {exc}") from None
+
+
+def _check_reachable(kube: Kube) -> None:
+    """One quick call before Kopf starts: a dead API server, or one that refuses our
+    credentials, is one line and exit 2, not Kopf's retries ending in a long traceback."""
+    from infertune_operator import k8s
+    from infertune_operator.api.models import GROUP, PLURAL
+
+    crds = k8s.Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+    try:
+        kube.get(crds, None, f"{PLURAL}.{GROUP}")
+    except k8s.KubeError as exc:
+        if exc.status == 0:  # no HTTP answer at all: refused, unresolvable, TLS, timeout
+            raise InputError(f"cannot reach the Kubernetes API server: {exc}") from None
+        if exc.status == 401:
+            raise InputError(f"the Kubernetes API server refuses our credentials: {exc}") from None
+        # Any other answer means it is there; what this account may read is Kopf's business.
 
 
 def operator(
@@ -60,6 +81,7 @@ def operator(
     except ValueError as exc:
         raise InputError(f"operator settings: {exc}") from None
     kube = _kube()
+    _check_reachable(kube)
     kopf.configure(verbose=verbose)
     asyncio.run(
         run_operator(

@@ -47,6 +47,10 @@ class TuneProgress:
         self._done = 0
 
     def start(self, study: StudyStart) -> None:
+        for note in study.notes:
+            self.console.print(
+                f"[yellow]repaired:[/yellow] {note}", highlight=False, soft_wrap=True
+            )
         if study.resumed_trials:
             self.console.print(
                 f"Resuming the study in {self.out_dir}: {study.resumed_trials} trial"

@@ -17,6 +17,7 @@ from infertune_tuner.request import Sampler
 
 EXIT_NO_FEASIBLE = 3
 EXIT_TRIALS_FAILED = 4
+EXIT_INTERRUPTED = 128 + 2  # what a shell reports for Ctrl-C (SIGINT); the report is written
 
 
 def _public_fields(obj: object) -> dict[str, Any]:
@@ -81,18 +82,28 @@ def tune(
     trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
     recorded measurements. Re-running with the same output directory resumes the study.
     """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from infertune_operator.api.feasibility import feasibility_problems
     from infertune_operator.api.manifest import load_deployment
+    from infertune_operator.api.models import SEED_MAX
     from infertune_operator.api.to_request import to_request
     from infertune_operator.cli_progress import TuneProgress
     from infertune_tuner.report.view import build_view
+    from infertune_tuner.run import INTERRUPTED, write_report
     from infertune_tuner.run import tune as run_tune
-    from infertune_tuner.run import write_report
 
     exit_on_sigterm()
     obj = load_deployment(spec)
+    problems = feasibility_problems(obj, backend=backend.split(":")[0], memory=False)
+    if problems:
+        raise InputError(f"{spec}: cannot be tuned", [str(p) for p in problems])
     request = to_request(obj, default_backend=backend.split(":")[0])
     overrides: dict[str, object] = {"backend": backend}
     if seed is not None:
+        if not 0 <= seed <= SEED_MAX:
+            raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
         overrides["seed"] = seed
     if max_trials is not None:
         if max_trials < 1:
@@ -108,11 +119,18 @@ def tune(
             request, backend=backend, out_dir=out_dir, server_command=server_command,
             on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
         )  # fmt: skip
-    except BaseException:
+        shown.finish(report.stopped_reason)
+        paths = write_report(report, out_dir)
+    except BaseException as exc:
         shown.finish(None)
+        if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
+            where = exc.filename or out_dir
+            raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
+        if isinstance(exc, SQLAlchemyError) and request.tuning.storage:  # the RDB study storage
+            url = make_url(request.tuning.storage).render_as_string(hide_password=True)
+            reason = getattr(exc, "orig", None) or exc
+            raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
         raise
-    shown.finish(report.stopped_reason)
-    paths = write_report(report, out_dir)
     typer.echo(build_view(report).verdict)
     resumed = (
         f", {report.resumed_trials} of them by an earlier run" if report.resumed_trials else ""
@@ -121,6 +139,8 @@ def tune(
         f"{report.executed_trials} trials executed{resumed} ({report.stopped_reason}); "
         f"report: {', '.join(str(p) for p in paths)}"
     )
+    if report.stopped_reason == INTERRUPTED:
+        raise typer.Exit(EXIT_INTERRUPTED)
     if report.best is None and report.stopped_reason.startswith("aborted"):
         raise InputError(report.stopped_reason, exit_code=EXIT_TRIALS_FAILED)
     if report.best is None:
@@ -151,21 +171,15 @@ def predict(
     from infertune_tuner.metrics import LATENCY_METRICS
     from infertune_tuner.perfmodel import predict as run_predict
     from infertune_tuner.perfmodel.factors import DEFAULT_STACK, STACKS
+    from infertune_tuner.servable import config_problems
 
     arch, g = resolve_model(model), get_gpu(gpu)
     stack = stack or DEFAULT_STACK
     problems = []
-    if quant not in g.quantizations:
-        problems.append(
-            f"{g.key} ({g.architecture}) does not support {quant}; it supports "
-            f"{', '.join(sorted(g.quantizations))}"
-        )
-    if kv_dtype not in g.kv_dtypes:
-        problems.append(f"{g.key} has no FP8 KV cache")
-    if tp < 1 or not arch.valid_tp(tp):
-        problems.append(f"--tp {tp} must divide the model's {arch.heads} attention heads")
-    if batch < 1 or isl < 1 or osl < 1:
-        problems.append("--batch, --isl and --osl must be positive")
+    if tp < 1 or batch < 1 or isl < 1 or osl < 1:
+        problems.append("--tp, --batch, --isl and --osl must be positive")
+    else:
+        problems += config_problems(arch, g, TrialConfig(tp, batch, quant, kv_dtype))
     if stack not in STACKS:
         problems.append(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
     if problems:

@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from infertune_tuner.config import KvCacheDtype, Quantization
-from infertune_tuner.errors import InputError
+from infertune_tuner.errors import EXIT_INVALID, InputError
 
 
 class _Conventions:
@@ -32,6 +32,12 @@ class _Conventions:
         except InputError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            # A file the command was pointed at cannot be used: name it and say why.
+            typer.echo(f"error: {exc.filename}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(EXIT_INVALID) from None
 
     def get_params(self, ctx: Any) -> list[Any]:
         params: list[Any] = super().get_params(ctx)  # type: ignore[misc]

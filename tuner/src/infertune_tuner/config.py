@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 CONFIG_KEYS = ("tp", "max_batch_size", "quantization", "kv_cache_dtype")
+# No engine runs more sequences at once; beyond it a number is a typo, not a configuration.
+MAX_BATCH_SIZE_LIMIT = 65536
 
 # The values of the two precision dimensions (the catalog's QUANTIZATIONS and KV_DTYPE_BYTES
 # describe each; the API's enums and the CLI's choices come from these).

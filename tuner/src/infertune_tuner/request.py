@@ -83,7 +83,7 @@ class SearchValues(Record):
 
 class TuningOptions(Record):
     max_trials: Annotated[int, Field(ge=1)] = defaults.MAX_TRIALS
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = None  # numpy seeds are 32-bit
     sampler: Sampler = defaults.SAMPLER
     backend: str = defaults.LOCAL_BACKEND
     parallelism: Annotated[int, Field(ge=1)] = defaults.PARALLELISM

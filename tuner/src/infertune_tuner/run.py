@@ -39,6 +39,7 @@ from infertune_tuner.result import (
 )
 from infertune_tuner.search import (
     Search,
+    SearchOutcome,
     current_trials,
     executed_trials,
     known_from,
@@ -47,10 +48,12 @@ from infertune_tuner.search import (
 )
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.strategy import Planner
+from infertune_tuner.study_storage import lock_study, storage_fault
 from infertune_tuner.untried import untried_groups
 
 log = logging.getLogger(__name__)
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
+INTERRUPTED = "interrupted: stopped by Ctrl-C (SIGINT); re-run to resume the study"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class StudyStart:
     study: str
     resumed_trials: int  # executed trials an earlier run left in the study (it resumes them)
     max_trials: int
+    notes: tuple[str, ...] = ()  # repairs made to the study's storage before it opened
 
 
 def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialConfig, Prediction]:
@@ -269,32 +273,49 @@ def tune(
         # them. Parallel real tuning = several tuner pods on one shared RDB study (roadmap).
         log.warning("triton backend: running 1 worker (parallelism %d needs one pod each)", workers)
         workers = 1
-    backends = [backend_factory(i) for i in range(workers)]
-
-    study = optuna.create_study(
-        study_name=study_name(request, backend_name),
-        storage=open_storage(request, out_dir),
-        direction="maximize",
-        load_if_exists=True,
-    )
-    deadline = (
-        started + request.tuning.timeout_minutes * 60 if request.tuning.timeout_minutes else None
-    )
-    search = Search(request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline)
-    if workers == 1 and not request.tuning.storage:
-        search.recover_interrupted()
-    if on_start is not None:
-        on_start(StudyStart(study.study_name, len(executed_trials(study)), search.max_trials))
+    lock = None if request.tuning.storage else lock_study(out_dir)  # one run per journal
+    backends: list[BenchmarkBackend] = []
     try:
-        outcome = search.run(backends)
+        backends.extend(backend_factory(i) for i in range(workers))
+        study = optuna.create_study(
+            study_name=study_name(request, backend_name),
+            storage=open_storage(request, out_dir),
+            direction="maximize",
+            load_if_exists=True,
+        )
+        deadline = (
+            started + request.tuning.timeout_minutes * 60
+            if request.tuning.timeout_minutes
+            else None
+        )
+        search = Search(
+            request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline
+        )
+        if workers == 1 and not request.tuning.storage:
+            search.recover_interrupted()
+        if on_start is not None:
+            notes = tuple(lock.notes) if lock else ()
+            on_start(
+                StudyStart(study.study_name, len(executed_trials(study)), search.max_trials, notes)
+            )
+        try:
+            outcome = search.run(backends)
+        except KeyboardInterrupt:  # Ctrl-C: the report of the trials done, then exit 130
+            outcome = SearchOutcome(INTERRUPTED, study, None)
+        except Exception as exc:
+            if (fault := storage_fault(exc)) is None:
+                raise
+            raise fault from None  # the disk, not the search: the caller says which file
+        return build_report(
+            request, space, priors, outcome.study, backend=backend_name,
+            stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
+            run=search.run_id, planner=search.planner,
+        )  # fmt: skip
     finally:
         for b in backends:
             b.close()
-    return build_report(
-        request, space, priors, outcome.study, backend=backend_name,
-        stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
-        run=search.run_id, planner=search.planner,
-    )  # fmt: skip
+        if lock is not None:
+            lock.release()
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:

@@ -27,8 +27,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.storages import BaseStorage, JournalStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages import BaseStorage
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
@@ -53,6 +52,7 @@ from infertune_tuner.sampler import (
 )
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.strategy import Planner
+from infertune_tuner.study_storage import journal_storage
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by the tuner itself
@@ -83,10 +83,10 @@ def study_name(request: TuningRequest, backend: str) -> str:
 
 
 def open_storage(request: TuningRequest, out_dir: Path) -> str | BaseStorage:
+    """The RDB URL, else the journal in ``out_dir`` (hold ``study_storage.lock_study`` first)."""
     if request.tuning.storage:
         return request.tuning.storage
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(out_dir / "study.journal")))
+    return journal_storage(out_dir)
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -272,8 +272,14 @@ class Search:
     def recover_interrupted(self) -> int:
         """Mark trials a killed single-worker run left RUNNING as failed (they will be rerun)."""
         stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        for t in stale:
-            self.study.tell(t.number, state=TrialState.FAIL)
+        # Bookkeeping, not a search decision: the search's sampler must not hear of it (it
+        # would decide to stop, and Study.stop outside optimize() raises).
+        sampler, self.study.sampler = self.study.sampler, optuna.samplers.RandomSampler()
+        try:
+            for t in stale:
+                self.study.tell(t.number, state=TrialState.FAIL)
+        finally:
+            self.study.sampler = sampler
         return len(stale)
 
     # -- one trial

@@ -40,6 +40,11 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "rule": "self.hiddenSize % self.heads == 0",
             "message": "hiddenSize must be a multiple of heads",
         },
+        {
+            "rule": "(has(self.expertsActive) ? self.expertsActive : 1) <= "
+            "(has(self.experts) ? self.experts : 1)",
+            "message": "expertsActive must not exceed experts",
+        },
     ],
     "": [
         {
@@ -50,6 +55,17 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         }
     ],
 }
+
+# On the whole object: the name must make valid names for every object derived from it (a
+# Service's name is a DNS-1035 label: no leading digit). The API server checks only DNS-1123.
+ROOT_RULES: list[dict[str, str]] = [
+    {
+        "rule": f"size(self.metadata.name) <= {models.NAME_MAX_LENGTH} && "
+        f"self.metadata.name.matches('{models.NAME_PATTERN}')",
+        "message": f"metadata.name must be a DNS-1035 label (lower-case letters, digits and '-', "
+        f"starting with a letter) of at most {models.NAME_MAX_LENGTH} characters",
+    }
+]
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -168,6 +184,7 @@ def openapi_schema() -> JsonSchema:
             "spec": spec,
             "status": status,
         },
+        "x-kubernetes-validations": ROOT_RULES,
     }
 
 

@@ -38,21 +38,95 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+MAX_DEPTH = 32  # an InferenceDeployment nests 6 levels; far deeper is not a manifest
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error (the API
+    server rejects it; PyYAML would silently keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                twice = key in seen
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if twice:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given at line "
+                    f"{seen[key].start_mark.line + 1})", mark,
+                )  # fmt: skip
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+MAX_NODES = 100_000  # values, aliases counted each time they are used (no YAML bombs)
+
+
+def _shape_problem(doc: Any) -> str | None:
+    """Why ``doc`` is no manifest by its shape alone: nested too deep, or too many values."""
+    todo, count = [(doc, 1)], 0
+    while todo:
+        node, level = todo.pop()
+        count += 1
+        if level > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep"
+        if count > MAX_NODES:
+            return f"more than {MAX_NODES} values (YAML aliases expand)"
+        if isinstance(node, dict):
+            todo.extend((v, level + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, level + 1) for v in node)
+    return None
+
+
+def _parse(path: Path, text: str) -> list[Any]:
+    if path.suffix == ".json":
+        return [json.loads(text, object_pairs_hook=_no_duplicates)]
+    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
+
+
 def load_documents(path: Path) -> list[dict[str, Any]]:
-    """All mapping documents in a YAML or JSON file."""
+    """All mapping documents in a YAML or JSON file (a key given twice is an error)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a manifest file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        if path.suffix == ".json":
-            docs: list[Any] = [json.loads(text)]
-        else:
-            docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not valid YAML/JSON: {exc}") from None
+        docs = _parse(path, text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise InputError(f"{where}: not valid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except ValueError as exc:  # a duplicate key
+        raise InputError(f"{path}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a manifest") from None
+    for doc in docs:
+        if (shape := _shape_problem(doc)) is not None:
+            raise InputError(f"{path}: {shape}; not a manifest")
     if not docs:
         raise InputError(f"{path}: the file holds no document")
     bad = [i for i, d in enumerate(docs) if not isinstance(d, dict)]
@@ -119,7 +193,8 @@ def validate_document(doc: dict[str, Any]) -> tuple[InferenceDeployment | None, 
     problems: list[Problem] = []
     obj: InferenceDeployment | None = None
     try:
-        obj = InferenceDeployment.model_validate(doc)
+        # As strict as the API server: no "1024" for a number, no true for 1, no snake_case keys.
+        obj = InferenceDeployment.model_validate(doc, strict=True, by_alias=True, by_name=False)
     except ValidationError as exc:
         for err in exc.errors():
             msg = err["msg"].removeprefix("Value error, ")

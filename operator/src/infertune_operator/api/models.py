@@ -12,23 +12,32 @@ the enums and defaults from the tuner's ``config`` and ``defaults``.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
-
-from infertune_tuner import defaults
-from infertune_tuner.config import KvCacheDtype, Quantization, TrialConfig
-from infertune_tuner.metrics import (
-    LATENCY_METRICS,
-    OBJECTIVE,
-    PERCENTILES,
-    LatencyMetric,
-    listing,
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
 )
+
+from infertune_operator.api.base import ApiModel
+
+# The status models live in api/status.py; re-exported here, the API's one import point.
+from infertune_operator.api.status import BestConfig as BestConfig
+from infertune_operator.api.status import BestMetrics as BestMetrics
+from infertune_operator.api.status import Condition as Condition
+from infertune_operator.api.status import InferenceDeploymentStatus
+from infertune_operator.api.status import Phase as Phase
+from infertune_operator.api.status import TrialCounts as TrialCounts
+from infertune_tuner import defaults
+from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, KvCacheDtype, Quantization
+from infertune_tuner.metrics import LATENCY_METRICS, LatencyMetric, listing
 from infertune_tuner.request import Sampler
-from infertune_tuner.result import Metrics
 from infertune_tuner.runtime.weights import pvc_claims
-from infertune_tuner.schema import Record, to_camel, with_fields
+from infertune_tuner.schema import to_camel, with_fields
 
 GROUP = "infertune.io"
 VERSION = "v1alpha1"
@@ -38,25 +47,19 @@ SINGULAR = "inferencedeployment"
 SHORT_NAMES = ["infd"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-TensorParallel = Literal[1, 2, 4, 8, 16, 32, 64]
+
+def _not_bool(value: object) -> object:
+    # Literal[1, ...] alone takes True (True == 1); the API server's integer type does not.
+    if isinstance(value, bool):
+        raise ValueError("Input should be a valid integer, not a boolean")
+    return value
+
+
+TensorParallel = Annotated[Literal[1, 2, 4, 8, 16, 32, 64], BeforeValidator(_not_bool)]
 Backend = Literal["triton", "simulated"]  # where an InferenceDeployment's trials run
-Phase = Literal["Pending", "Tuning", "Deploying", "Ready", "Failed"]
 
 PositiveInt = Annotated[int, Field(ge=1)]
-
-
-class ApiModel(Record):
-    """A Record with the Kubernetes wire format: camelCase on the wire, snake_case in Python."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        validate_default=True,
-    )
-
-    def wire(self) -> dict[str, object]:
-        """The camelCase dict a user would write (unset optional fields left out)."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
 
 
 # ---------------------------------------------------------------- spec.model
@@ -111,6 +114,10 @@ class ArchitectureOverride(ApiModel):
         if self.hidden_size % self.heads:
             raise ValueError(
                 f"hiddenSize ({self.hidden_size}) must be a multiple of heads ({self.heads})"
+            )
+        if (self.experts_active or 1) > (self.experts or 1):
+            raise ValueError(
+                f"expertsActive ({self.experts_active}) must not exceed experts ({self.experts or 1})"
             )
         return self
 
@@ -234,7 +241,7 @@ class SearchSpec(ApiModel):
     tensor_parallel: list[TensorParallel] = Field(
         default=list(defaults.TENSOR_PARALLEL), min_length=1, max_length=7
     )
-    max_batch_size: list[PositiveInt] = Field(
+    max_batch_size: list[Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE_LIMIT)]] = Field(
         default=list(defaults.MAX_BATCH_SIZE), min_length=1, max_length=64
     )
     quantization: list[Quantization] = Field(
@@ -258,7 +265,7 @@ class TuningSpec(ApiModel):
         default=None,
         description=f"Cap on executed trials (default {defaults.MAX_TRIALS}). A cap, not a target.",
     )
-    seed: Annotated[int, Field(ge=0)] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     backend: Backend | None = Field(
         default=None,
         description=f"triton (real GPUs) or simulated (no GPU needed); default "
@@ -343,88 +350,20 @@ class InferenceDeploymentSpec(ApiModel):
         return self
 
 
-# ---------------------------------------------------------------- status
-
-
-class Condition(ApiModel):
-    """metav1.Condition."""
-
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str
-    observed_generation: int | None = None
-
-
-class BestConfig(ApiModel):
-    tp: int
-    max_batch_size: int
-    quantization: str
-    kv_cache_dtype: str
-
-    @classmethod
-    def of(cls, config: TrialConfig) -> BestConfig:
-        return cls(**config.as_dict())
-
-    def to_config(self) -> TrialConfig:
-        return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
-
-
-# One field per percentile of each latency metric of the registry (ttftP50Ms ... e2eP99Ms).
-@with_fields({
-    m.column(p): (float | None, None) for m in LATENCY_METRICS for p in PERCENTILES
-})  # fmt: skip
-class BestMetrics(ApiModel):
-    """The best configuration's measured latencies and tok/s/GPU; whether it met the SLO."""
-
-    output_tokens_per_second_per_gpu: float | None = None
-    slo_met: bool | None = None
-
-    @classmethod
-    def of(cls, measured: Metrics, *, slo_met: bool) -> BestMetrics:
-        """The status view of a report's metrics."""
-        fields: dict[str, Any] = {
-            m.column(p): measured.latency(m.key, p) for m in LATENCY_METRICS for p in PERCENTILES
-        }
-        fields[OBJECTIVE.status_field] = OBJECTIVE.of(measured)
-        return cls(**fields, slo_met=slo_met)
-
-
-class TrialCounts(ApiModel):
-    """Trials executed on GPUs, of all the configurations the report lists."""
-
-    executed: int = 0
-    total: int = 0
-
-
-class InferenceDeploymentStatus(ApiModel):
-    """What the operator writes into .status. Built partially: only the fields a transition sets
-    are part of its patch (see :meth:`patch`); a field set to None is removed from the object."""
-
-    model_config = ConfigDict(extra="allow")  # others may keep bookkeeping in status (Kopf did)
-
-    phase: Phase | None = None
-    conditions: list[Condition] | None = None
-    observed_generation: int | None = None
-    best_config: BestConfig | None = None
-    best_metrics: BestMetrics | None = None
-    trials: TrialCounts | None = None
-    report_config_map: str | None = None
-    endpoint: str | None = None
-    message: str | None = None
-    tuning_hash: str | None = None
-
-    def patch(self) -> dict[str, Any]:
-        """The JSON merge patch of the fields that were set (None: delete the field)."""
-        return self.model_dump(by_alias=True, exclude_unset=True, mode="json")
+# metadata.name becomes the name of a Service, a Deployment, a Job and a ConfigMap (with
+# suffixes): a DNS-1035 label (a letter first), short enough for the longest derived name.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX_LENGTH = 48
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
 
 
 class ObjectMeta(ApiModel):
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(min_length=1, max_length=48, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    namespace: str | None = None
+    name: str = Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=NAMESPACE_PATTERN
+    )
 
 
 class InferenceDeployment(ApiModel):

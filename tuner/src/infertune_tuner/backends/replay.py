@@ -13,10 +13,13 @@ capped it).
 
 from __future__ import annotations
 
+import codecs
 import csv
+import itertools
+import math
 from pathlib import Path
 
-from infertune_tuner.config import TrialConfig
+from infertune_tuner.config import KV_CACHE_DTYPE_VALUES, QUANTIZATION_VALUES, TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, PERCENTILES, LatencyMetric
@@ -29,47 +32,128 @@ METRIC_COLUMNS = (
 COLUMNS = ("tp", "max_batch_size", "quantization", "kv_cache_dtype", "status", *METRIC_COLUMNS)
 
 
-def _percentiles(row: dict[str, str], metric: LatencyMetric, where: str) -> Percentiles:
-    vals = [float(row[metric.column(p)]) for p in PERCENTILES]
-    if min(vals) < 0:
-        raise InputError(f"{where}: negative {metric.prefix} latency")
-    return Percentiles(*vals)
+class _Cells:
+    """One data row of the table, read cell by cell; a bad cell is an InputError naming
+    ``file:line:column`` (the column counts characters, as editors do)."""
+
+    def __init__(self, path: Path, line: int, raw: str, header: list[str], cells: list[str]):
+        self.path, self.line = path, line
+        self.values = dict(zip(header, cells, strict=False))
+        self.offsets: dict[str, int] = {}
+        pos = 1
+        for name, cell in zip(header, raw.split(","), strict=False):
+            self.offsets.setdefault(name, pos)
+            pos += len(cell) + 1
+
+    def where(self, column: str | None = None) -> str:
+        col = self.offsets.get(column, 1) if column else 1
+        return f"{self.path}:{self.line}:{col}"
+
+    def fail(self, column: str, message: str) -> InputError:
+        return InputError(f"{self.where(column)}: {column}: {message}")
+
+    def text(self, column: str) -> str:
+        return (self.values.get(column) or "").strip()
+
+    def integer(self, column: str) -> int:
+        value = self.text(column)
+        try:
+            number = int(value)
+        except ValueError:
+            raise self.fail(column, f"must be a whole number, not {value!r}") from None
+        if number < 1:
+            raise self.fail(column, f"must be at least 1, not {number}")
+        return number
+
+    def number(self, column: str) -> float:
+        """A finite number >= 0 (no nan, no inf, no negative latency or throughput)."""
+        value = self.text(column)
+        try:
+            number = float(value)
+        except ValueError:
+            raise self.fail(column, f"must be a number, not {value!r}") from None
+        if not math.isfinite(number):
+            raise self.fail(column, f"must be a finite number, not {value!r}")
+        if number < 0:
+            raise self.fail(column, f"must not be negative ({value})")
+        return number
+
+    def choice(self, column: str, known: tuple[str, ...]) -> str:
+        value = self.text(column)
+        if value not in known:
+            raise self.fail(column, f"{value!r} is not one of {', '.join(known)}")
+        return value
+
+    def percentiles(self, metric: LatencyMetric) -> Percentiles:
+        vals = [self.number(metric.column(p)) for p in PERCENTILES]
+        for (lo, a), (hi, b) in itertools.pairwise(zip(PERCENTILES, vals, strict=True)):
+            if a > b:
+                raise self.fail(
+                    metric.column(hi), f"{metric.prefix} {hi} ({b:g}) is below {lo} ({a:g})"
+                )
+        return Percentiles(*vals)
+
+
+def _text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise InputError(f"replay table {path}: is a directory, not a CSV file") from None
+    except OSError as exc:
+        raise InputError(f"replay table {path}: {exc.strerror or exc}") from None
+    if data.startswith(codecs.BOM_UTF8):
+        raise InputError(
+            f"{path}:1:1: a byte-order mark (BOM) before the header; save the table as UTF-8 "
+            "without BOM"
+        )
+    if b"\0" in data:
+        line = data.count(b"\n", 0, data.index(b"\0")) + 1
+        raise InputError(f"{path}:{line}: binary content (a NUL byte); not a CSV table")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_table(path: Path) -> dict[TrialConfig, Measurement]:
+    lines = _text(path).splitlines()
+    reader = csv.reader(lines)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"replay table {path}: {exc.strerror or exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise InputError(f"replay table {path}: missing columns {', '.join(missing)}")
-    table: dict[TrialConfig, Measurement] = {}
-    for line, row in enumerate(reader, start=2):
-        where = f"{path}:{line}"
-        try:
-            cfg = TrialConfig(
-                int(row["tp"]), int(row["max_batch_size"]),
-                row["quantization"].strip(), row["kv_cache_dtype"].strip(),
-            )  # fmt: skip
-            status = row["status"].strip()
-            if status == "ok":
-                m = Measurement.ok(
-                    {x.key: _percentiles(row, x, where) for x in LATENCY_METRICS},
-                    output_tokens_per_s_per_gpu=float(row[OBJECTIVE.key]),
-                    concurrency=float(row["concurrency"]) if row.get("concurrency") else None,
-                )
-            elif status in ("oom", "error"):
-                m = Measurement.failed(status, f"recorded as {status} in {path.name}")  # type: ignore[arg-type]
-            else:
-                raise InputError(f"{where}: status must be ok, oom or error, not {status!r}")
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"{where}: {exc}") from None
-        if cfg in table:
-            raise InputError(f"{where}: {cfg.label()} appears twice")
-        table[cfg] = m
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in COLUMNS if c not in header]
+        if missing:
+            raise InputError(f"{path}:1: missing columns {', '.join(missing)}")
+        table: dict[TrialConfig, Measurement] = {}
+        for cells in reader:
+            if not any(c.strip() for c in cells):
+                continue  # a blank line
+            line = reader.line_num
+            row = _Cells(path, line, lines[line - 1], header, cells)
+            cfg, m = _row(row)
+            if cfg in table:
+                raise InputError(f"{row.where()}: {cfg.label()} appears twice")
+            table[cfg] = m
+    except csv.Error as exc:
+        raise InputError(f"{path}:{reader.line_num}: not a CSV table: {exc}") from None
     return table
+
+
+def _row(row: _Cells) -> tuple[TrialConfig, Measurement]:
+    cfg = TrialConfig(
+        row.integer("tp"), row.integer("max_batch_size"),
+        row.choice("quantization", QUANTIZATION_VALUES),
+        row.choice("kv_cache_dtype", KV_CACHE_DTYPE_VALUES),
+    )  # fmt: skip
+    status = row.choice("status", ("ok", "oom", "error"))
+    if status != "ok":
+        return cfg, Measurement.failed(status, f"recorded as {status} in {row.path.name}")  # type: ignore[arg-type]
+    concurrency = row.number("concurrency") if row.text("concurrency") else None
+    return cfg, Measurement.ok(
+        {x.key: row.percentiles(x) for x in LATENCY_METRICS},
+        output_tokens_per_s_per_gpu=row.number(OBJECTIVE.key),
+        concurrency=concurrency,
+    )
 
 
 class ReplayBackend:

@@ -162,45 +162,62 @@ def _pick(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _count(cfg: dict[str, Any], *names: str, default: Any = None, least: int = 1) -> int:
+    """A whole number field of config.json (the first of ``names`` present), at least ``least``."""
+    value = _pick(cfg, *names, default=default)
+    if value is None:
+        raise InputError(f"config.json lacks {names[0]}, which infertune needs")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InputError(
+            f"config.json: {next((n for n in names if n in cfg), names[0])} must be a whole "
+            f"number of at least {least}, not {value!r}"
+        )
+    return value
 
 
 def model_from_hf_config(cfg: dict[str, Any], key: str = "custom") -> ModelArch:
     """A ModelArch from a Hugging Face `config.json` dict (Llama/Mistral/Mixtral/Qwen style)."""
-    try:
-        heads = int(_pick(cfg, "num_attention_heads", "n_head"))
-        arch = ModelArch(
-            key=key,
-            layers=int(_pick(cfg, "num_hidden_layers", "n_layer")),
-            hidden_size=int(_pick(cfg, "hidden_size", "n_embd")),
-            heads=heads,
-            kv_heads=int(_pick(cfg, "num_key_value_heads", default=heads)),
-            # MoE configs that also carry a dense intermediate_size name the expert width apart.
-            ffn_size=int(_pick(cfg, "moe_intermediate_size", "intermediate_size", "ffn_dim")),
-            vocab_size=int(_pick(cfg, "vocab_size")),
-            experts=int(_pick(cfg, "num_local_experts", "num_experts", default=1)),
-            experts_active=int(_pick(cfg, "num_experts_per_tok", default=1)),
-            max_context=_optional_int(_pick(cfg, "max_position_embeddings", "n_positions")),
-            head_dim=int(_pick(cfg, "head_dim", default=0)),
-        )
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"config.json lacks a field infertune needs: {exc}") from None
+    heads = _count(cfg, "num_attention_heads", "n_head")
+    context = _pick(cfg, "max_position_embeddings", "n_positions")
+    arch = ModelArch(
+        key=key,
+        layers=_count(cfg, "num_hidden_layers", "n_layer"),
+        hidden_size=_count(cfg, "hidden_size", "n_embd"),
+        heads=heads,
+        kv_heads=_count(cfg, "num_key_value_heads", default=heads),
+        # MoE configs that also carry a dense intermediate_size name the expert width apart.
+        ffn_size=_count(cfg, "moe_intermediate_size", "intermediate_size", "ffn_dim"),
+        vocab_size=_count(cfg, "vocab_size"),
+        experts=_count(cfg, "num_local_experts", "num_experts", default=1),
+        experts_active=_count(cfg, "num_experts_per_tok", default=1),
+        max_context=None
+        if context is None
+        else _count(cfg, "max_position_embeddings", "n_positions"),
+        head_dim=_count(cfg, "head_dim", default=0, least=0),
+    )
     if arch.heads % arch.kv_heads:
         raise InputError("config.json: num_attention_heads must be a multiple of the KV heads")
     if arch.hidden_size % arch.heads and not cfg.get("head_dim"):
         raise InputError("config.json: heads must divide hidden_size (or give head_dim)")
+    if arch.experts_active > arch.experts:
+        raise InputError(
+            f"config.json: num_experts_per_tok ({arch.experts_active}) exceeds the number of "
+            f"experts ({arch.experts})"
+        )
     return arch
 
 
 def model_from_config_file(path: Path) -> ModelArch:
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InputError(f"{path}: cannot read Hugging Face config.json: {exc}") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: config.json must hold a JSON object")
-    return model_from_hf_config(cfg, key=path.parent.name or "custom")
+    try:
+        return model_from_hf_config(cfg, key=path.parent.name or "custom")
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def resolve_model(name: str) -> ModelArch:

@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any, cast
@@ -35,10 +37,12 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from infertune_tuner.catalog.gpus import Gpu, get_gpu
 from infertune_tuner.catalog.models import ModelArch, get_model
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
-from infertune_tuner.config import TrialConfig
-from infertune_tuner.errors import InputError
+from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, TrialConfig
+from infertune_tuner.errors import EXIT_INVALID, InputError
 from infertune_tuner.harness.engine import oom_message
 from infertune_tuner.harness.sim_service import SimTritonService
+
+MAX_PORT = 65535
 
 DEFAULT_SERVED_MODEL = "llm"
 
@@ -70,7 +74,18 @@ def build_config(
     http_port: int | None = 8000,
     architecture: dict[str, int] | None = None,
 ) -> SimServerConfig:
-    """Validate the command-line values; InputError (exit 2) for anything unknown or impossible."""
+    """Validate the command-line values; InputError (exit 2) for anything unknown or impossible.
+
+    ``http_port`` -1 (or None) serves no HTTP; ``port`` / ``http_port`` 0 bind any free port."""
+    if not 0 <= port <= MAX_PORT:
+        raise InputError(f"--port must be between 0 and {MAX_PORT}, not {port}")
+    if http_port is not None and not -1 <= http_port <= MAX_PORT:
+        raise InputError(f"--http-port must be between -1 and {MAX_PORT}, not {http_port}")
+    if http_port == -1:
+        http_port = None
+    if http_port is not None and http_port == port != 0:
+        raise InputError(f"--http-port {http_port} is the gRPC --port too; give another")
+    _check_host(host)
     if architecture is not None:
         try:
             arch = ModelArch(key=model, **cast(dict[str, Any], architecture))
@@ -89,10 +104,10 @@ def build_config(
         raise InputError(f"{g.key} does not support a {kv_dtype} KV cache")
     if tp < 1 or not arch.valid_tp(tp):
         raise InputError(f"tensor parallel size {tp} must divide the {arch.heads} attention heads")
-    if max_batch < 1:
-        raise InputError("--max-batch must be at least 1")
-    if time_scale <= 0:
-        raise InputError("--time-scale must be positive")
+    if not 1 <= max_batch <= MAX_BATCH_SIZE_LIMIT:
+        raise InputError(f"--max-batch must be between 1 and {MAX_BATCH_SIZE_LIMIT}")
+    if not math.isfinite(time_scale) or time_scale <= 0:
+        raise InputError(f"--time-scale must be a positive number, not {time_scale}")
     if not served_model:
         raise InputError("--served-model must not be empty")
     return SimServerConfig(
@@ -100,6 +115,20 @@ def build_config(
         served_model=served_model, time_scale=time_scale, host=host, port=port,
         http_port=http_port,
     )  # fmt: skip
+
+
+def default_http_port(port: int) -> int:
+    """The HTTP port beside gRPC ``port`` when none is given: Triton's layout (8000 beside
+    8001), so that servers on different gRPC ports do not collide on a hidden HTTP default."""
+    return port - 1 if port > 1 else 0
+
+
+def _check_host(host: str) -> None:
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise InputError(f"--host {host!r} is not an address to bind: {reason}") from None
 
 
 # ------------------------------------------------------------------------------ the servers
@@ -123,15 +152,26 @@ class SimServer:
         self.service = SimTritonService(self.cfg)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
-        bound = server.add_insecure_port(f"{_grpc_host(self.cfg.host)}:{self.cfg.port}")
+        where = f"{self.cfg.host}:{self.cfg.port}"
+        try:
+            bound = server.add_insecure_port(f"{_grpc_host(self.cfg.host)}:{self.cfg.port}")
+        except RuntimeError:  # grpc says "Failed to bind": in use, or not an address of ours
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind gRPC port {self.cfg.host}:{self.cfg.port}")
+            raise OSError(f"cannot bind the gRPC port {where}: in use, or not a local address")
         self.port = bound
         await server.start()
         self._server = server
         self.service.start()
         if self.cfg.http_port is not None:
-            self._http, self.http_port = await _start_http(self.cfg.host, self.cfg.http_port)
+            try:
+                self._http, self.http_port = await _start_http(self.cfg.host, self.cfg.http_port)
+            except OSError as exc:
+                await self.stop()  # the gRPC server must not outlive a failed start
+                raise OSError(
+                    f"cannot bind the HTTP port {self.cfg.host}:{self.cfg.http_port}: "
+                    f"{exc.strerror or exc} (give --http-port)"
+                ) from None
 
     async def stop(self, grace: float = 0.5) -> None:
         if self.service is not None:
@@ -204,9 +244,9 @@ def run(cfg: SimServerConfig) -> int:
         return 1
     try:
         asyncio.run(serve(cfg))
-    except OSError as exc:
+    except OSError as exc:  # a port in use: the user picks another (exit 2, as for bad input)
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_INVALID
     return 0
 
 
@@ -224,7 +264,12 @@ def parse_architecture(text: str | None) -> dict[str, int] | None:
     unknown = set(value) - allowed
     if unknown:
         raise InputError(f"--architecture: unknown keys {sorted(unknown)}")
-    return {k: int(v) for k, v in value.items()}
+    bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise InputError(f"--architecture: {', '.join(sorted(bad))} must be whole numbers >= 1")
+    if value.get("experts_active", 1) > value.get("experts", 1):
+        raise InputError("--architecture: experts_active must not exceed experts")
+    return dict(value)
 
 
 if __name__ == "__main__":  # `python -m infertune_tuner.harness.simserver`: `infertune simserver`

@@ -19,7 +19,13 @@ def simserver(
     gpu: Annotated[str, typer.Option(help="GPU catalog key or product label.")],
     max_batch: Annotated[int, typer.Option("--max-batch", help="Engine max batch size.")],
     port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
-    http_port: Annotated[int, typer.Option(help="HTTP health port (-1: none).")] = 8000,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            help="HTTP health port (default: the gRPC port - 1, as Triton's 8000 beside 8001; "
+            "0: any free port; -1: none)."
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
     tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
     quant: QuantOption = "bf16",
@@ -41,7 +47,7 @@ def simserver(
     cfg = sim.build_config(
         model=model, gpu=gpu, tp=tp, max_batch=max_batch, quant=quant, kv_dtype=kv_dtype,
         served_model=served_model, time_scale=time_scale, host=host, port=port,
-        http_port=http_port if http_port >= 0 else None,
+        http_port=sim.default_http_port(port) if http_port is None else http_port,
         architecture=sim.parse_architecture(architecture),
     )  # fmt: skip
     code = sim.run(cfg)

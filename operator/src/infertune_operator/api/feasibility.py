@@ -1,0 +1,46 @@
+"""What `tune` would refuse, found without running a trial (`validate` and `tune` share it).
+
+A manifest can pass the schema and still leave nothing to tune: a search space emptied by the
+GPU, the accuracy allowance, the model's heads or missing checkpoints; no configuration that fits
+in GPU memory; a storage URL that is no database URL or whose driver is not installed.
+"""
+
+from __future__ import annotations
+
+from infertune_operator.api.manifest import Problem
+from infertune_operator.api.models import InferenceDeployment
+from infertune_operator.api.to_request import to_request
+from infertune_tuner.errors import InputError
+from infertune_tuner.study_storage import storage_url_problem
+
+
+def feasibility_problems(
+    obj: InferenceDeployment, *, backend: str | None = None, memory: bool = True
+) -> list[Problem]:
+    """Every reason ``obj`` cannot be tuned on ``backend`` (default: the spec's, else the
+    operator's default); ``memory``: also when no configuration fits in GPU memory."""
+    from infertune_tuner.perfmodel.latency import predict
+    from infertune_tuner.space import build_space
+
+    problems: list[Problem] = []
+    storage = obj.spec.tuning.storage
+    if storage is not None and (why := storage_url_problem(storage)) is not None:
+        problems.append(Problem("spec.tuning.storage", why))
+    request = to_request(obj) if backend is None else to_request(obj, default_backend=backend)
+    backend = backend or request.tuning.backend
+    model, gpu = request.resolve_model(), request.resolve_gpu()
+    try:
+        space = build_space(request, model, gpu, backend)
+    except InputError as exc:
+        problems.append(Problem("spec.search", str(exc)))
+        return problems
+    if memory:
+        fits = [c for c in space.configs if predict(model, gpu, space.effective(c), request.work)
+                .memory.fits]  # fmt: skip
+        if not fits:
+            smallest = min(space.configs, key=lambda c: (-c.tp, c.max_batch_size))
+            why = predict(model, gpu, space.effective(smallest), request.work).memory.reason
+            problems.append(Problem("spec.search", (
+                f"no configuration fits in {gpu.key} memory; even {smallest.label()}: {why}; "
+                "allow a larger tensorParallel, a smaller maxBatchSize or a quantization")))  # fmt: skip
+    return problems
