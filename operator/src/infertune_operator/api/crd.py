@@ -62,8 +62,7 @@ ROOT_RULES: list[dict[str, str]] = [
     {
         "rule": f"size(self.metadata.name) <= {models.NAME_MAX_LENGTH} && "
         f"self.metadata.name.matches('{models.NAME_PATTERN}')",
-        "message": f"metadata.name must be a DNS-1035 label (lower-case letters, digits and '-', "
-        f"starting with a letter) of at most {models.NAME_MAX_LENGTH} characters",
+        "message": f"metadata.name {models.NAME_RULE}",
     }
 ]
 

@@ -354,16 +354,31 @@ class InferenceDeploymentSpec(ApiModel):
 # suffixes): a DNS-1035 label (a letter first), short enough for the longest derived name.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 48
+NAME_RULE = (
+    "must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter) "
+    f"of at most {NAME_MAX_LENGTH} characters"
+)
 NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
+NAMESPACE_RULE = (
+    "must be a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a "
+    "letter or digit) of at most 63 characters"
+)
+
+
+def _label(pattern: str, max_length: int, rule: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if len(value) > max_length or not re.fullmatch(pattern, value):
+            raise ValueError(f"{value!r} {rule}")
+        return value
+
+    return AfterValidator(check)
 
 
 class ObjectMeta(ApiModel):
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)
-    namespace: str | None = Field(
-        default=None, min_length=1, max_length=63, pattern=NAMESPACE_PATTERN
-    )
+    name: Annotated[str, _label(NAME_PATTERN, NAME_MAX_LENGTH, NAME_RULE)]
+    namespace: Annotated[str, _label(NAMESPACE_PATTERN, 63, NAMESPACE_RULE)] | None = None
 
 
 class InferenceDeployment(ApiModel):
