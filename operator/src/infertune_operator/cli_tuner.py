@@ -111,6 +111,10 @@ def tune(
     except BaseException:
         shown.finish(None)
         raise
+    if report is None:  # a worker of a shared study: the last worker writes the report
+        shown.finish("worker done; the last worker of the shared study writes the report")
+        typer.echo("worker done; the last worker of the shared study writes the report")
+        return
     shown.finish(report.stopped_reason)
     paths = write_report(report, out_dir)
     typer.echo(build_view(report).verdict)
