@@ -137,7 +137,10 @@ def test_custom_values_reach_the_settings(render, lib, monkeypatch):
     assert settings.tuner_service_account == "tuner-sa"
     assert settings.tuner_clusterrole == "tune-infertune-tuner"
     assert settings.tuner_storage is None
-    assert (settings.tuner_storage_secret, settings.tuner_storage_secret_key) == ("optuna-db", "dsn")
+    assert (settings.tuner_storage_secret, settings.tuner_storage_secret_key) == (
+        "optuna-db",
+        "dsn",
+    )
     assert settings.model_storage_pvc == "models"
 
 

@@ -28,6 +28,7 @@ from typing import Literal
 import numpy as np
 from scipy.special import ndtr
 
+from infertune_tuner.belief import believed
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.known import Known, implied_infeasible, measured_twin
 from infertune_tuner.memory_fit import FitModel, memory_margin, ruled_out
@@ -121,25 +122,7 @@ class Planner:
 
     # -- the posterior
 
-    def _quantities(self, known: Known, *, fantasise: bool = False) -> dict[str, Quantity]:
-        """The posterior of every quantity; `fantasise`: each configuration in flight counts as
-        observed at its posterior mean (the "kriging believer" of batch Bayesian optimisation),
-        so that the next proposal looks away from what other workers are already measuring."""
-        qs, observed = self._fit(known)
-        flying = sorted(c for c in known.in_flight - set(known.measured) if c in self.priors)
-        if not fantasise or not flying:
-            return qs
-        out = {}
-        for key, q in qs.items():
-            means = q.marginal(flying)[0]
-            believed = [Observation(c, float(mu)) for c, mu in zip(flying, means, strict=True)]
-            out[key] = Quantity.fit(
-                key, [*observed[key], *believed], noise=q.noise,
-                sigma_global=q.sigma_global, sigma_local=q.sigma_local,
-            )  # fmt: skip
-        return out
-
-    def _fit(self, known: Known) -> tuple[dict[str, Quantity], dict[str, list[Observation]]]:
+    def _quantities(self, known: Known) -> dict[str, Quantity]:
         obs: dict[str, list[Observation]] = {"tps": []}
         obs.update({k: [] for k in self.keys})
         reps: dict[str, list[list[float]]] = {k: [] for k in obs}
@@ -162,8 +145,18 @@ class Planner:
                     logs = [math.log(max(v, 1e-6) / _predicted(p, b)) for v in vals]
                     reps[key].append(logs)
                     obs[key].append(Observation(cfg, sum(logs) / len(logs), len(logs)))
-        fitted = {k: Quantity.fit(k, v, noise=learned_noise(k, reps[k])) for k, v in obs.items()}
-        return fitted, obs
+        return {k: Quantity.fit(k, v, noise=learned_noise(k, reps[k])) for k, v in obs.items()}
+
+    def believe(self, known: Known) -> Known:
+        """`known`, with each configuration in flight believed measured at its posterior mean
+        (the "kriging believer" of batch Bayesian optimisation; see belief.py). Parallel
+        workers then propose jointly: each proposal treats the others' trials in flight as
+        results, the incumbent they may set included, and looks elsewhere."""
+        flying = sorted(c for c in known.in_flight - set(known.measured) if c in self.priors)
+        if not flying:
+            return known
+        p_fit = self._fit_model(known).probability(np.array([self.margin[c] for c in flying]))
+        return believed(self.request, known, flying, self.priors, self._quantities(known), p_fit)
 
     def _fit_model(self, known: Known) -> FitModel:
         """Fits = the KV cache held max-batch sequences: an OOM or a capped run says no."""
@@ -222,9 +215,7 @@ class Planner:
             return p_success, p_fit, p_success
         return p_success, p_fit, p_success * ndtr((log_tps - math.log(threshold)) / sd)
 
-    def assess(
-        self, known: Known, *, include_in_flight: bool = True, fantasise: bool = False
-    ) -> Assessment:
+    def assess(self, known: Known, *, include_in_flight: bool = True) -> Assessment:
         """Sample the posterior jointly over the untried, in-flight and measured feasible.
 
         Candidates whose marginal chance to beat the incumbent is negligible (< `NEGLIGIBLE`,
@@ -235,8 +226,6 @@ class Planner:
             known: What the study has measured and has in flight.
             include_in_flight: Count in-flight configurations as chances to beat the incumbent
                 (a search must not stop while one may still win; the report leaves them out).
-            fantasise: Condition on the in-flight configurations as if measured at their
-                posterior mean (see `_quantities`): what a proposal beside them should see.
 
         Returns:
             An `Assessment`: per configuration of its pool (candidates, in flight, measured
@@ -247,7 +236,7 @@ class Planner:
         flying = sorted(known.in_flight - set(known.measured)) if include_in_flight else []
         best = known.best()
         feasible = sorted(known.feasible())
-        qs = self._quantities(known, fantasise=fantasise)
+        qs = self._quantities(known)
         fit_model = self._fit_model(known)
         slack = 0.0
         if best is not None:
@@ -316,7 +305,7 @@ class Planner:
         better than the incumbent (P(beats it) >= STOP_PROBABILITY)."""
         if a.best is None:
             return []
-        # A configuration another worker is re-measuring is confirmed there.
+        # A configuration another worker is measuring again is confirmed there.
         out = [a.best] if known.repeats(a.best) < 2 and a.best not in known.in_flight else []
         for cfg, m in known.feasible().items():
             if cfg == a.best or known.repeats(cfg) >= 2 or cfg in known.in_flight:
@@ -349,8 +338,10 @@ class Planner:
             configuration and a stop reason (converged, nothing plausibly meets the SLO, all
             ruled out); or neither, when only an in-flight trial may still change the answer.
             `confidence` is P(no configuration beats the incumbent by more than 2 %).
+            Configurations in flight count as measured at their posterior mean (`believe`).
         """
-        a = self.assess(known, fantasise=bool(known.in_flight))
+        known = self.believe(known)
+        a = self.assess(known)
         conf = a.confidence
         confirm = self._confirmations(known, a)
         n_cands = len(a.candidates)
