@@ -7,14 +7,18 @@ GPUs (`trial_seconds`: server start, weight load, warm-up, measurement), scaled 
 cluster. Times are printed in modelled minutes (wall seconds / time scale), measured from the
 first trial's start.
 
-Per scenario and worker count, over `--seeds` seeds (medians):
-- time to the final best: when the configuration the run finally chose was first measured;
-- time to the end of the study (the last trial done);
-- executed trials (confirmations included), and duplicates: configurations measured more than
-  once apart from one deliberate confirmation (must be 0);
+Per scenario and worker count, medians over `--seeds` seeds:
+- answer: when the study ended with its final best (chosen, confirmed, report written): how
+  long a user waits for the result;
+- first seen: when the configuration finally chosen was first measured;
+- speed-ups against the 1-worker run of the same seed (median of the per-seed ratios);
+- executed trials (confirmations included) and their ratio to the 1-worker run's, and
+  duplicates: configurations measured more than once apart from one deliberate confirmation
+  (must be 0; summed over seeds);
 - quality: the chosen configuration's true (typical) tok/s/GPU relative to the 1-worker run's.
 
-Goal: 4 workers reach the same quality >= 2.5x faster than 1 worker, with <= 1.5x its trials.
+Goal: 4 workers reach the same quality >= 2.5x faster than 1 worker (the answer), with <= 1.5x
+its executed trials and no duplicate.
 
     python benchmarks/parallel_tuning.py [--seeds 3] [--workers 1,2,4] [--time-scale 0.01]
 """
@@ -25,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,8 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 INFERTUNE = Path(sys.executable).parent / "infertune"
 SCENARIOS = {
     "llama2-70b-h100": REPO / "examples" / "llama2-70b-h100.yaml",
-    "llama3-70b-h100": REPO / "examples" / "llama3-70b-h100-simulated.yaml",
     "llama3-8b-l4": REPO / "examples" / "llama3-8b-l4.yaml",
+    "mistral-7b-a10": REPO / "examples" / "mistral-7b-chat-a10.yaml",
 }
 
 
@@ -144,14 +149,17 @@ def main() -> None:
     counts = [int(w) for w in args.workers.split(",")]
     import pgserver
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server on the way out
     base = Path(tempfile.mkdtemp(prefix="itpgb-"))
     os.chmod(base, 0o755)
     server = pgserver.get_server(base / "data", cleanup_mode="delete")
     try:
         uri = server.get_uri()
-        print(f"time scale {args.time_scale}: 1 modelled minute = {60 * args.time_scale:.2f} s")
-        print(f"{'scenario':18} {'workers':>7} {'to best':>8} {'to end':>8} {'trials':>6} "
-              f"{'dups':>4} {'quality':>7} {'speed-up':>8}")  # fmt: skip
+        print(f"time scale {args.time_scale}: 1 modelled minute = {60 * args.time_scale:.2f} s; "
+              f"{args.seeds} seeds; times in modelled minutes from the first trial's start",
+              flush=True)  # fmt: skip
+        print(f"{'scenario':16} {'workers':>7} {'answer':>8} {'speed-up':>8} {'1st seen':>8} "
+              f"{'speed-up':>8} {'trials':>6} {'ratio':>5} {'dups':>4} {'quality':>7}")  # fmt: skip
         goal_ok = True
         for scenario in args.scenarios.split(","):
             spec = SCENARIOS[scenario]
@@ -160,26 +168,29 @@ def main() -> None:
                 for w in counts:
                     runs[w].append(one_run(uri, spec, w, seed, args.time_scale, base))
             base_runs = runs[counts[0]]
-            t1 = statistics.median(r.to_best_min for r in base_runs)
-            n1 = statistics.median(r.trials for r in base_runs)
             for w in counts:
                 rs = runs[w]
-                quality = statistics.median(
-                    r.true_tps / b.true_tps if b.true_tps else 1.0
-                    for r, b in zip(rs, base_runs, strict=True)
-                )
-                tb = statistics.median(r.to_best_min for r in rs)
-                te = statistics.median(r.to_end_min for r in rs)
-                trials = statistics.median(r.trials for r in rs)
+                pairs = list(zip(rs, base_runs, strict=True))
+
+                def med(values: list[float]) -> float:
+                    return statistics.median(values)
+
+                answer = med([r.to_end_min for r in rs])
+                seen = med([r.to_best_min for r in rs])
+                speed_answer = med([b.to_end_min / r.to_end_min for r, b in pairs])
+                speed_seen = med([b.to_best_min / r.to_best_min for r, b in pairs])
+                trials = med([float(r.trials) for r in rs])
+                ratio = med([r.trials / b.trials for r, b in pairs])
                 dups = sum(r.duplicates for r in rs)
-                speed = t1 / tb if tb else float("inf")
-                print(f"{scenario:18} {w:7} {tb:7.1f}m {te:7.1f}m {trials:6.1f} {dups:4} "
-                      f"{quality:7.1%} {speed:7.2f}x")  # fmt: skip
+                quality = med([r.true_tps / b.true_tps if b.true_tps else 1.0 for r, b in pairs])
+                print(f"{scenario:16} {w:7} {answer:7.1f}m {speed_answer:7.2f}x {seen:7.1f}m "
+                      f"{speed_seen:7.2f}x {trials:6.1f} {ratio:5.2f} {dups:4} {quality:7.1%}",
+                      flush=True)  # fmt: skip
                 if w == 4:
-                    ok = speed >= 2.5 and trials <= 1.5 * n1 and quality >= 0.98 and dups == 0
-                    goal_ok &= ok
-        print(f"goal (4 workers: >= 2.5x faster to the same quality, <= 1.5x trials, 0 dups): "
-              f"{'met' if goal_ok else 'NOT met'}")  # fmt: skip
+                    goal_ok &= speed_answer >= 2.5 and ratio <= 1.5 and quality >= 0.98
+                goal_ok &= dups == 0
+        print(f"goal (4 workers: the answer >= 2.5x sooner at the same quality, <= 1.5x trials, "
+              f"no duplicate): {'met' if goal_ok else 'NOT met'}")  # fmt: skip
     finally:
         server.cleanup()
         shutil.rmtree(base, ignore_errors=True)

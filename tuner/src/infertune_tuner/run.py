@@ -296,7 +296,7 @@ def tune(
         request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline,
         lock=ClaimLock(storage, name), shared=shared,
     )  # fmt: skip
-    if workers == 1 and not shared:
+    if not shared:  # no other process works on a journal: what still runs was interrupted
         search.recover_interrupted()
     if on_start is not None:
         on_start(StudyStart(study.study_name, len(executed_trials(study)), search.max_trials))

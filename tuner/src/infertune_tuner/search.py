@@ -190,7 +190,7 @@ class Search:
     # -- resume
 
     def recover_interrupted(self) -> int:
-        """Mark trials a killed single-worker run left RUNNING as failed (they will be rerun)."""
+        """Mark trials a killed run left RUNNING in a journal as failed (they will be rerun)."""
         stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL)
@@ -232,6 +232,8 @@ class Search:
         if retried is not None:
             cfg = config_of(retried)
             self._suggest(trial)  # the retried trial keeps its parameters
+            if ATTR_MEASUREMENT in trial.user_attrs:  # its worker died after measuring it
+                self._skip(trial, cfg.label(), "measured before its worker died", done=False)
         elif self.auto is not None:
             decision = self.auto.decision_for(self.study, trial.number)
             if decision.config is None and decision.stop_reason is None:

@@ -109,7 +109,7 @@ def open_storage(url: str | None, out_dir: Path) -> BaseStorage:
     except ImportError as exc:
         raise InputError(
             f"storage {mask_url(url)}: the database driver is missing ({exc.name or exc}); "
-            "install infertune[postgres]"
+            "for postgresql:// URLs install infertune[postgres]"
         ) from None
     except Exception as exc:  # SQLAlchemy's errors carry the URL: say it without the password
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
