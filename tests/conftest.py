@@ -1,7 +1,20 @@
-"""Shared fixtures: repository paths and an in-process CLI runner."""
+"""Shared fixtures: repository paths, an in-process CLI runner, a real PostgreSQL server.
+
+The PostgreSQL server (for shared-study tests) runs from the `pgserver` wheel, a dev
+dependency, on a Unix socket in its data folder (nothing listens on TCP). As root (CI
+containers) pgserver runs postgres as the system user `pgserver`, which it creates: postgres
+itself refuses to run as root. A server that cannot start fails the tests that need it, never
+skips them.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,3 +32,32 @@ def repo() -> Path:
 @pytest.fixture
 def cli() -> CliRunner:
     return CliRunner()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """The URL of a running PostgreSQL server (``postgresql://...``), for the whole session."""
+    with warnings.catch_warnings():  # pgserver's lock file: /tmp when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    # A short path: the Unix socket lives in the data folder and socket paths are short.
+    base = Path(tempfile.mkdtemp(prefix="itpg-"))
+    os.chmod(base, 0o755)  # postgres runs as another user when we are root
+    server = pgserver.get_server(base / "data", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture()
+def postgres_url(postgres_server: str) -> str:
+    """A fresh, empty database on the session's server (one per test)."""
+    import psycopg
+
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres_server.replace("/postgres?", f"/{name}?", 1)

@@ -75,13 +75,20 @@ def test_operator_pod_is_hardened(render, lib, value_set):
 
 def test_env_names_are_exactly_those_settings_reads(render, lib):
     names = lib.settings_env_names()
-    assert len(names) == 10, names  # settings.py is the contract; update both together
+    assert len(names) == 12, names  # settings.py is the contract; update both together
     for value_set in ("default", "custom", "storage-url"):
         env = lib.env_of(lib.operator_container(render(value_set)))
         assert set(env) <= names, set(env) - names
-    optional = {"INFERTUNE_TUNER_STORAGE", "INFERTUNE_MODEL_STORAGE_PVC"}
+    storage = {
+        "INFERTUNE_TUNER_STORAGE",
+        "INFERTUNE_TUNER_STORAGE_SECRET",
+        "INFERTUNE_TUNER_STORAGE_SECRET_KEY",
+    }
+    optional = {*storage, "INFERTUNE_MODEL_STORAGE_PVC"}
     assert set(lib.env_of(lib.operator_container(render("default")))) == names - optional
-    assert set(lib.env_of(lib.operator_container(render("custom")))) == names
+    # A Secret for the storage: its name reaches the operator, never the URL.
+    custom = names - {"INFERTUNE_TUNER_STORAGE"}
+    assert set(lib.env_of(lib.operator_container(render("custom")))) == custom
 
 
 def _settings_from(
@@ -113,10 +120,10 @@ def test_default_values_give_the_settings_defaults(render, lib, monkeypatch):
 def test_custom_values_reach_the_settings(render, lib, monkeypatch):
     container = lib.operator_container(render("custom"))
     env = lib.env_of(container)
-    storage = env["INFERTUNE_TUNER_STORAGE"]
-    assert "value" not in storage
-    assert storage["valueFrom"] == {"secretKeyRef": {"name": "optuna-db", "key": "dsn"}}
-    settings = _settings_from(env, monkeypatch, secret="postgresql://u:p@db/optuna")
+    assert "INFERTUNE_TUNER_STORAGE" not in env  # the operator never holds the URL
+    assert env["INFERTUNE_TUNER_STORAGE_SECRET"]["value"] == "optuna-db"
+    assert env["INFERTUNE_TUNER_STORAGE_SECRET_KEY"]["value"] == "dsn"
+    settings = _settings_from(env, monkeypatch)
     assert settings.operator_image == "registry.example.com/infertune/operator:0.1.0-rc1"
     assert container["image"] == settings.operator_image
     assert container["imagePullPolicy"] == "Always"
@@ -129,7 +136,11 @@ def test_custom_values_reach_the_settings(render, lib, monkeypatch):
     assert settings.job_backoff_limit == 0
     assert settings.tuner_service_account == "tuner-sa"
     assert settings.tuner_clusterrole == "tune-infertune-tuner"
-    assert settings.tuner_storage == "postgresql://u:p@db/optuna"
+    assert settings.tuner_storage is None
+    assert (settings.tuner_storage_secret, settings.tuner_storage_secret_key) == (
+        "optuna-db",
+        "dsn",
+    )
     assert settings.model_storage_pvc == "models"
 
 

@@ -69,7 +69,8 @@ def test_an_rdb_storage_that_cannot_be_opened(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/missing/dir/study.db"
     result = invoke(["tune", manifest(tmp_path, put("spec.tuning.storage", url)), "--out",
                      tmp_path / "out", "--no-progress"])  # fmt: skip
-    check(result, 2, f"spec.tuning.storage {url}: cannot use it: unable to open database file")
+    check(result, 2, f"spec.tuning.storage {url}: cannot open the study database")
+    assert "unable to open database file" in result.output
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

@@ -416,11 +416,14 @@ async def seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) 
 # ------------------------------------------------------------------ playing the controllers
 
 
-async def run_tuner(api: FakeApiServer, job: dict[str, Any], workdir: Path) -> str:
+async def run_tuner(
+    api: FakeApiServer, job: dict[str, Any], workdir: Path, env: dict[str, str] | None = None
+) -> str:
     """Play the kubelet: run the Job's own command (`infertune tune-job ...`) as a process.
 
     Needs the ``kubeconfig`` fixture: the command talks to the emulator as a pod would talk to
     its API server. Only the request file path differs (the pod mounts the ConfigMap).
+    `env`: what the pod's environment adds (a Secret's content, the worker's GPUs).
     """
     pod = job["spec"]["template"]["spec"]
     command = list(pod["containers"][0]["command"])
@@ -436,7 +439,7 @@ async def run_tuner(api: FakeApiServer, job: dict[str, Any], workdir: Path) -> s
         *command,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "KUBECONFIG": os.environ["KUBECONFIG"]},
+        env={**os.environ, "KUBECONFIG": os.environ["KUBECONFIG"], **(env or {})},
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 0, out.decode()

@@ -15,6 +15,7 @@ from infertune_operator import (
     reconcile_serving,
     report_store,
     tuner_job,
+    tuner_outcome,
 )
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
@@ -265,7 +266,7 @@ def test_superseded_objects_are_the_other_hashes() -> None:
 )  # fmt: skip
 def test_job_outcome(status: dict[str, Any], state: str) -> None:
     job = {"spec": {"backoffLimit": 2}, "status": status}
-    assert tuner_job.job_outcome(job).state == state
+    assert tuner_outcome.job_outcome(job).state == state
 
 
 def test_pod_failure_picks_the_latest_failed_container() -> None:
@@ -278,18 +279,18 @@ def test_pod_failure_picks_the_latest_failed_container() -> None:
                            "finishedAt": "2026-01-01T00:05:00Z"}
         }}]}},
     ]  # fmt: skip
-    failure = tuner_job.pod_failure(pods)
+    failure = tuner_outcome.pod_failure(pods)
     assert failure is not None and failure.pod == "p2" and failure.reason == "OOMKilled"
-    message = tuner_job.job_failure_message(
-        "j", tuner_job.JobOutcome("failed", "BackoffLimitExceeded"), failure, ""
+    message = tuner_outcome.job_failure_message(
+        "j", tuner_outcome.JobOutcome("failed", "BackoffLimitExceeded"), failure, ""
     )
     assert "OOMKilled" in message and "exit code 137" in message and "memory" in message
     assert "kubectl logs job/j" in message
 
 
 def test_job_failure_message_without_pods_uses_the_job_reason_and_logs() -> None:
-    outcome = tuner_job.JobOutcome("failed", "DeadlineExceeded", "Job was active longer")
-    message = tuner_job.job_failure_message("j", outcome, None, "a\nb\nTraceback: boom\n")
+    outcome = tuner_outcome.JobOutcome("failed", "DeadlineExceeded", "Job was active longer")
+    message = tuner_outcome.job_failure_message("j", outcome, None, "a\nb\nTraceback: boom\n")
     assert "DeadlineExceeded" in message and "timeoutMinutes" in message
     assert "Traceback: boom" in message
 
@@ -308,11 +309,13 @@ def test_pod_waiting_reason_explains_a_pending_tuner() -> None:
             "reason": "ImagePullBackOff", "message": "Back-off pulling image tuner:1",
         }}}]},
     }  # fmt: skip
-    assert "Insufficient nvidia.com/gpu" in (tuner_job.pod_waiting_reason([unschedulable]) or "")
-    assert tuner_job.pod_waiting_reason([unschedulable, pulling]) == (
+    assert "Insufficient nvidia.com/gpu" in (
+        tuner_outcome.pod_waiting_reason([unschedulable]) or ""
+    )
+    assert tuner_outcome.pod_waiting_reason([unschedulable, pulling]) == (
         "pod p2: ImagePullBackOff: Back-off pulling image tuner:1"
     )
-    assert tuner_job.pod_waiting_reason([]) is None
+    assert tuner_outcome.pod_waiting_reason([]) is None
     t = reconcile.tuning_pending("j", "pod p1 cannot be scheduled: x", None)
     assert t.phase == "Pending" and t.conditions["Tuned"].reason == "TuningPending"
     assert "cannot be scheduled" in t.message
@@ -321,7 +324,7 @@ def test_pod_waiting_reason_explains_a_pending_tuner() -> None:
 def test_evicted_pods_count_as_failures() -> None:
     pods = [{"metadata": {"name": "p"}, "status": {"phase": "Failed", "reason": "Evicted",
                                                     "message": "low on memory"}}]  # fmt: skip
-    failure = tuner_job.pod_failure(pods)
+    failure = tuner_outcome.pod_failure(pods)
     assert failure is not None and failure.reason == "Evicted"
 
 

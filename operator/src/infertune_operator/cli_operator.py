@@ -6,6 +6,7 @@ friends never pay for them.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -113,6 +114,7 @@ def tune_job(
     fails the Job.
     """
     from infertune_operator import k8s, naming, report_store
+    from infertune_operator.tuner_workers import worker_request
     from infertune_tuner.cli_support import exit_on_sigterm
     from infertune_tuner.request import TuningRequest
     from infertune_tuner.run import tune
@@ -128,8 +130,12 @@ def tune_job(
     if report_configmap != expected:
         raise InputError(f"--report-configmap must be {expected!r} for request {req.name!r}")
     kube = _kube()
+    req, gpus = worker_request(req, os.environ)
     with tempfile.TemporaryDirectory(prefix="infertune-tune-") as tmp:
-        report = tune(req, backend=req.tuning.backend, out_dir=Path(tmp))
+        report = tune(req, backend=req.tuning.backend, out_dir=Path(tmp), gpus=gpus)
+    if report is None:  # one worker of a parallel tuning: the last one writes the report
+        typer.echo(f"{req.name}: worker done; the last worker writes the report")
+        return
     body = report_store.report_configmap(
         name=req.name,
         namespace=namespace,

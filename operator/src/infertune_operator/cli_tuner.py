@@ -119,8 +119,9 @@ def tune(
             request, backend=backend, out_dir=out_dir, server_command=server_command,
             on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
         )  # fmt: skip
-        shown.finish(report.stopped_reason)
-        paths = write_report(report, out_dir)
+        if report is not None:
+            shown.finish(report.stopped_reason)
+            paths = write_report(report, out_dir)
     except BaseException as exc:
         shown.finish(None)
         if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
@@ -131,6 +132,10 @@ def tune(
             reason = getattr(exc, "orig", None) or exc
             raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
         raise
+    if report is None:  # a worker of a shared study: the last worker writes the report
+        shown.finish("worker done; the last worker of the shared study writes the report")
+        typer.echo("worker done; the last worker of the shared study writes the report")
+        return
     typer.echo(build_view(report).verdict)
     resumed = (
         f", {report.resumed_trials} of them by an earlier run" if report.resumed_trials else ""

@@ -27,6 +27,8 @@ from infertune_operator import (
     reconcile_serving,
     report_store,
     tuner_job,
+    tuner_outcome,
+    tuner_workers,
 )
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.naming import Body
@@ -210,6 +212,8 @@ def _decide(
     obj, problems = reconcile.validate(body)
     if obj is None:
         return reconcile.invalid_spec(problems), None
+    if (problem := tuner_workers.parallel_problem(obj, ctx.settings)) is not None:
+        return reconcile.invalid_spec([problem]), None
     th = reconcile.tuning_hash(body["spec"], ctx.settings)
     config = reconcile.config_from_status(body.get("status"), th)
     tuned: tuple[Any, str] | None = None
@@ -274,12 +278,12 @@ def _tuning(
             return reconcile.tuning_rejected(str(exc))  # refused: say why, do not retry
         if new and not fresh:  # 409: it existed after all (an earlier operator made it)
             raise _NotNew
-    outcome = tuner_job.job_outcome(job)
+    outcome = tuner_outcome.job_outcome(job)
     if outcome.state == "pending":
         detail = None
         if not created:  # a Job just created has no pods to ask about yet
             pods = ctx.kube.list(k8s.PODS, namespace, {"job-name": job_name})
-            detail = tuner_job.pod_waiting_reason(pods)
+            detail = tuner_outcome.pod_waiting_reason(pods)
         return reconcile.tuning_pending(job_name, detail, body.get("status"))
     if outcome.state == "running":
         return reconcile.tuning_started(job_name, body.get("status"))
@@ -290,7 +294,7 @@ def _tuning(
             f"{cm}. See `kubectl logs job/{job_name}`; delete the Job to retry."
         )
     pods = ctx.kube.list(k8s.PODS, namespace, {"job-name": job_name})
-    failure = tuner_job.pod_failure(pods)
+    failure = tuner_outcome.pod_failure(pods)
     logs = ""
     if failure is not None and failure.container and not failure.message:
         try:
@@ -298,7 +302,7 @@ def _tuning(
         except k8s.KubeError as exc:
             logger.debug("no logs for %s: %s", failure.pod, exc)
     return reconcile.tuning_job_failed(
-        tuner_job.job_failure_message(job_name, outcome, failure, logs)
+        tuner_outcome.job_failure_message(job_name, outcome, failure, logs)
     )
 
 

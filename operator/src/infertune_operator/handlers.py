@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import kopf
 
-from infertune_operator import conditions, k8s, naming, tuner_job
+from infertune_operator import conditions, k8s, naming, tuner_outcome
 from infertune_operator.api.models import GROUP, PLURAL, VERSION
 from infertune_operator.controller import RESYNC_INTERVAL_S, Context, EventPoster, sync
 from infertune_operator.naming import Body
@@ -130,7 +130,7 @@ def job_has_news(body: Any, type: str | None, **_: Any) -> bool:
     (the resync picks up why a pod waits). Kopf calls filters in its event loop, so the event of
     every Job just created (one per new InferenceDeployment) costs no trip through the pool of
     handler threads, where it would queue behind the creates of a burst."""
-    return type == "DELETED" or tuner_job.job_outcome(body).state != "pending"
+    return type == "DELETED" or tuner_outcome.job_outcome(body).state != "pending"
 
 
 def on_job_event(body: Any, memo: Any, **_: Any) -> None:

@@ -70,11 +70,14 @@ def validate(body: Mapping[str, Any]) -> tuple[InferenceDeployment | None, list[
 def _effective_tuning(spec: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
     """The operator defaults that fill unset spec.tuning fields (they change the request)."""
     tuning = spec.get("tuning") or {}
-    return {
+    effective = {
         "backend": tuning.get("backend") or settings.default_backend,
         "maxTrials": tuning.get("maxTrials") or settings.default_max_trials,
         "storage": tuning.get("storage") or settings.tuner_storage,
     }
+    if settings.tuner_storage_secret and not tuning.get("storageSecretRef"):
+        effective["storageSecret"] = settings.tuner_storage_secret  # (absent: hashes unchanged)
+    return effective
 
 
 def tuning_hash(spec: Mapping[str, Any], settings: Settings) -> str:

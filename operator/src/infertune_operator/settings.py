@@ -8,6 +8,8 @@
 | INFERTUNE_DEFAULT_BACKEND         | triton (when spec.tuning.backend is unset)               |
 | INFERTUNE_DEFAULT_MAX_TRIALS      | 40 (when spec.tuning.maxTrials is unset)                 |
 | INFERTUNE_TUNER_STORAGE           | unset (Optuna RDB URL when spec.tuning.storage is unset)  |
+| INFERTUNE_TUNER_STORAGE_SECRET    | unset (Secret, in each tuning namespace, with that URL)   |
+| INFERTUNE_TUNER_STORAGE_SECRET_KEY| url (its key)                                             |
 | INFERTUNE_TUNER_SERVICE_ACCOUNT   | infertune-tuner (created per namespace by the operator)   |
 | INFERTUNE_TUNER_CLUSTERROLE       | infertune-tuner (bound in each namespace it tunes in)     |
 | INFERTUNE_JOB_BACKOFF_LIMIT       | 2 (tuner pod retries before the Job fails)               |
@@ -43,6 +45,8 @@ class Settings:
     default_backend: str = defaults.CLUSTER_BACKEND
     default_max_trials: int = defaults.MAX_TRIALS
     tuner_storage: str | None = None
+    tuner_storage_secret: str | None = None
+    tuner_storage_secret_key: str = "url"
     tuner_service_account: str = "infertune-tuner"
     tuner_clusterrole: str = "infertune-tuner"
     job_backoff_limit: int = 2
@@ -64,6 +68,10 @@ class Settings:
             default_backend=backend,
             default_max_trials=int(_env("INFERTUNE_DEFAULT_MAX_TRIALS", str(d.default_max_trials))),
             tuner_storage=os.environ.get("INFERTUNE_TUNER_STORAGE") or None,
+            tuner_storage_secret=os.environ.get("INFERTUNE_TUNER_STORAGE_SECRET") or None,
+            tuner_storage_secret_key=_env(
+                "INFERTUNE_TUNER_STORAGE_SECRET_KEY", d.tuner_storage_secret_key
+            ),
             tuner_service_account=_env("INFERTUNE_TUNER_SERVICE_ACCOUNT", d.tuner_service_account),
             tuner_clusterrole=_env("INFERTUNE_TUNER_CLUSTERROLE", d.tuner_clusterrole),
             job_backoff_limit=int(_env("INFERTUNE_JOB_BACKOFF_LIMIT", str(d.job_backoff_limit))),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ from infertune_tuner.known import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.memory_fit import ruled_out
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
+from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import (
@@ -37,21 +39,16 @@ from infertune_tuner.result import (
     SloCheck,
     Trial,
 )
-from infertune_tuner.search import (
-    Search,
-    SearchOutcome,
-    current_trials,
-    executed_trials,
-    known_from,
-    open_storage,
-    study_name,
-)
+from infertune_tuner.search import Search, SearchOutcome, study_name
 from infertune_tuner.space import SearchSpace, build_space
+from infertune_tuner.storage import ClaimLock, mask_url, open_storage
 from infertune_tuner.strategy import Planner
 from infertune_tuner.study_storage import lock_study, storage_fault
+from infertune_tuner.trial_record import current_trials, executed_trials, known_from
 from infertune_tuner.untried import untried_groups
 
 log = logging.getLogger(__name__)
+REPORTED = "reported_at"  # study attribute: the executed trials when the report was written
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
 INTERRUPTED = "interrupted: stopped by Ctrl-C (SIGINT); re-run to resume the study"
 
@@ -195,8 +192,11 @@ def build_report(
                 )
             )
     converged = stopped_reason.startswith("converged")
+    dumped = request.dump()
+    if request.tuning.storage:  # a report never shows the password of the study's database
+        dumped["tuning"]["storage"] = mask_url(request.tuning.storage)
     return Report(
-        request=request.dump(),
+        request=dumped,
         backend=backend,
         sampler=request.tuning.sampler,
         space_size=len(space),
@@ -225,8 +225,13 @@ def tune(
     on_start: Callable[[StudyStart], None] | None = None,
     on_phase: OnPhase | None = None,
     on_trial: OnTrial | None = None,
-) -> Report:
+    gpus: int | None = None,
+) -> Report | None:
     """Run (or resume) the study for `request` and return the report (not yet written).
+
+    On a shared (RDB) storage this process is one worker of the study among any others given
+    the same request: it returns the report only when it is the worker that sees the study end
+    (no trial running anywhere, and no report yet for what the study holds), else None.
 
     Args:
         request: What to tune.
@@ -239,10 +244,12 @@ def tune(
         on_phase: Called as a long trial moves on (starting server, loading model, warm-up,
             measuring).
         on_trial: Called after every executed trial with what is known so far.
+        gpus: The GPUs this worker holds (triton backend): trials are packed into them, as
+            many at once as the smallest TP of the space fits (see packing.py).
 
     Returns:
         The report: every trial, the best feasible configuration (or the nearest misses) and
-        why the search stopped.
+        why the search stopped; None for a worker that leaves the report to another.
     """
     started = time.monotonic()
     model, gpu = request.resolve_model(), request.resolve_gpu()
@@ -252,6 +259,12 @@ def tune(
     seed = request.tuning.seed if request.tuning.seed is not None else defaults.SEED
 
     workers = request.tuning.parallelism
+    shared = bool(request.tuning.storage)
+    # Workers of a shared study may share an output folder: their trial folders must not clash.
+    tag = f"{uuid.uuid4().hex[:8]}-" if shared else ""
+    gpu_set = GpuSet(gpus) if gpus and backend_name == "triton" else None
+    if gpu_set is not None:
+        workers = slots(gpu_set.gpus, space.tensor_parallel)
     if backend_factory is None:
         if isinstance(backend, str):
             spec = backend
@@ -259,7 +272,7 @@ def tune(
             def backend_factory(i: int) -> BenchmarkBackend:
                 return make_backend(
                     spec, request, seed=seed, server_command=server_command,
-                    workdir=out_dir / f"worker-{i}", on_phase=on_phase,
+                    workdir=out_dir / f"worker-{tag}{i}", on_phase=on_phase, gpus=gpu_set,
                 )  # fmt: skip
         else:
             instance = backend
@@ -268,20 +281,19 @@ def tune(
             def backend_factory(i: int) -> BenchmarkBackend:
                 return instance
 
-    if backend_name == "triton" and workers > 1:
+    if backend_name == "triton" and workers > 1 and gpu_set is None:
         # Real trials own the GPUs of their pod: several workers in one process would fight over
-        # them. Parallel real tuning = several tuner pods on one shared RDB study (roadmap).
+        # them. Parallel real tuning = several tuner pods (workers) on one shared RDB study.
         log.warning("triton backend: running 1 worker (parallelism %d needs one pod each)", workers)
         workers = 1
-    lock = None if request.tuning.storage else lock_study(out_dir)  # one run per journal
+    name = study_name(request, backend_name)
+    lock = None if shared else lock_study(out_dir)  # one run per journal; RDB: workers join
     backends: list[BenchmarkBackend] = []
     try:
+        storage = open_storage(request.tuning.storage, out_dir)
         backends.extend(backend_factory(i) for i in range(workers))
         study = optuna.create_study(
-            study_name=study_name(request, backend_name),
-            storage=open_storage(request, out_dir),
-            direction="maximize",
-            load_if_exists=True,
+            study_name=name, storage=storage, direction="maximize", load_if_exists=True
         )
         deadline = (
             started + request.tuning.timeout_minutes * 60
@@ -289,9 +301,10 @@ def tune(
             else None
         )
         search = Search(
-            request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline
-        )
-        if workers == 1 and not request.tuning.storage:
+            request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline,
+            lock=ClaimLock(storage, name), shared=shared,
+        )  # fmt: skip
+        if not shared:  # no other process works on a journal: what still runs was interrupted
             search.recover_interrupted()
         if on_start is not None:
             notes = tuple(lock.notes) if lock else ()
@@ -306,16 +319,31 @@ def tune(
             if (fault := storage_fault(exc)) is None:
                 raise
             raise fault from None  # the disk, not the search: the caller says which file
+        if shared and not _last_worker(search):
+            return None
         return build_report(
             request, space, priors, outcome.study, backend=backend_name,
             stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
-            run=search.run_id, planner=search.planner,
+            run=search.scope, planner=search.planner,
         )  # fmt: skip
     finally:
         for b in backends:
             b.close()
         if lock is not None:
             lock.release()
+
+
+def _last_worker(search: Search) -> bool:
+    """Whether this worker writes the report: no trial runs anywhere (a dead worker's trial
+    is failed first) and no report was written yet for what the study now holds."""
+    with search.lock():
+        if search.others_running():
+            return False
+        executed = len(executed_trials(search.study))
+        if search.study.user_attrs.get(REPORTED) == executed:
+            return False
+        search.study.set_user_attr(REPORTED, executed)
+        return True
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:

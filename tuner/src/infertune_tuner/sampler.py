@@ -113,6 +113,13 @@ class AutoSampler(BaseSampler):
                 self._pending[number] = decision.config
             return decision
 
+    def forget(self, number: int) -> None:
+        """Drop what was decided for trial `number` (claimed, skipped, or waiting to decide
+        again): from now on the study says what is in flight."""
+        with self._lock:
+            self.decisions.pop(number, None)
+            self._pending.pop(number, None)
+
     def sample_independent(
         self,
         study: Study,

@@ -1,10 +1,20 @@
 """The Optuna study: an objective that measures one configuration, driven by `study.optimize`.
 
 Every executed trial lives in the study (default: an Optuna journal file in the output
-directory; an RDB URL when given), with its configuration, measurement and SLO checks as user
-attributes. Re-running the same request resumes the study: a completed trial is never repeated,
-and a trial left RUNNING by an interrupted single-worker run is marked failed and retried.
-`parallelism` > 1 runs that many workers (threads, one backend each) on the same study.
+directory; an RDB URL when given, see storage.py), with its configuration, measurement and SLO
+checks as user attributes (trial_record.py). Re-running the same request resumes the study: a
+completed trial is never repeated, and a trial left RUNNING by an interrupted single-worker run
+is marked failed and retried.
+
+Workers: `parallelism` > 1 runs that many threads (one backend each) in this process; on an RDB
+storage, every `infertune tune` process of the same request joins the same study as further
+workers. A worker *claims* its next configuration under the study's claim lock: it decides with
+every other worker's claims in flight, checks the budget (executed + in flight, global) and
+records the configuration on its trial before the lock is released, so no two workers measure
+the same configuration and the budget holds across workers. When the only trials that may still
+change the answer are in flight elsewhere, a worker waits for them instead of stopping. A trial
+whose worker died is re-run by another worker after the heartbeat's grace period (the retry
+keeps the configuration it had claimed).
 
 Samplers (sampler.py): `auto` (model-guided, strategy.py), or Optuna's `tpe` (constraint-aware),
 `random` and `grid` wrapped so that they never propose what the memory model or the measurements
@@ -21,13 +31,11 @@ import queue
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.storages import BaseStorage
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
@@ -37,8 +45,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.known import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.memory_fit import ruled_out
-from infertune_tuner.metrics import LATENCY_METRICS
-from infertune_tuner.perfmodel.latency import Percentiles, Prediction
+from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
 from infertune_tuner.sampler import (
@@ -51,8 +58,19 @@ from infertune_tuner.sampler import (
     stop,
 )
 from infertune_tuner.space import SearchSpace
+from infertune_tuner.storage import ClaimLock, fail_stale
 from infertune_tuner.strategy import Planner
-from infertune_tuner.study_storage import journal_storage
+from infertune_tuner.trial_record import (
+    ATTR_CHECKS,
+    ATTR_CONFIG,
+    ATTR_CONSTRAINTS,
+    ATTR_MEASUREMENT,
+    ATTR_PURPOSE,
+    ATTR_RUN,
+    ATTR_SKIP,
+    known_from,
+    measurement_to_attr,
+)
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by the tuner itself
@@ -61,32 +79,27 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by t
 # found, no checkpoint, no GPU): stop instead of burning the whole budget on the same failure.
 ABORT_AFTER_ERRORS = 3
 ABORTED = "aborted"
-ATTR_CONFIG = "config"
-ATTR_MEASUREMENT = "measurement"
-ATTR_CHECKS = "slo_checks"
-ATTR_CONSTRAINTS = "constraints"
-ATTR_SKIP = "skipped"
-ATTR_RUN = "run"
-ATTR_PURPOSE = "purpose"
+POLL_S = 0.25  # how often a waiting worker looks at the study again
+Claim = Callable[[], AbstractContextManager[None]]
 
 
 class TrialFailed(Exception):
     """The configuration ran out of memory or failed: recorded, the search goes on."""
 
 
+class _Wait(Exception):
+    """Nothing to claim now: trials in flight elsewhere may still change the answer."""
+
+
 def study_name(request: TuningRequest, backend: str) -> str:
-    """Same request + backend + sampler -> same study (so a re-run resumes it)."""
-    payload = request.model_dump(mode="json", exclude={"tuning": {"max_trials", "parallelism"}})
+    """Same request + backend + sampler -> same study (so a re-run resumes it, and every worker
+    of a shared storage joins it). Where the study lives, the budget and the number of workers
+    are no part of it."""
+    tuning = {"max_trials", "parallelism"} | ({"storage"} if request.tuning.storage else set())
+    payload = request.model_dump(mode="json", exclude={"tuning": tuning})
     payload["_backend"] = backend
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     return f"infertune-{request.name}-{digest}"
-
-
-def open_storage(request: TuningRequest, out_dir: Path) -> str | BaseStorage:
-    """The RDB URL, else the journal in ``out_dir`` (hold ``study_storage.lock_study`` first)."""
-    if request.tuning.storage:
-        return request.tuning.storage
-    return journal_storage(out_dir)
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -96,105 +109,6 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
         "quantization": CategoricalDistribution(list(space.quantization)),
         "kv_cache_dtype": CategoricalDistribution(list(space.kv_cache_dtype)),
     }
-
-
-# ------------------------------------------------------------------ (de)serialising measurements
-
-
-def measurement_to_attr(m: Measurement) -> dict[str, Any]:
-    def pct(p: Percentiles | None) -> dict[str, float] | None:
-        return p.as_dict() if p else None
-
-    return {
-        "status": m.status,
-        **{x.key: pct(m.percentiles(x.key)) for x in LATENCY_METRICS},
-        "output_tokens_per_s_per_gpu": m.output_tokens_per_s_per_gpu,
-        "requests": m.requests,
-        "errors": m.errors,
-        "reason": m.reason,
-        "duration_s": m.duration_s,
-        "concurrency": m.concurrency,
-    }
-
-
-def measurement_from_attr(d: dict[str, Any]) -> Measurement:
-    def pct(v: dict[str, float] | None) -> Percentiles | None:
-        return Percentiles(v["p50"], v["p95"], v["p99"]) if v else None
-
-    return Measurement(
-        status=d["status"],
-        **{x.key: pct(d.get(x.key)) for x in LATENCY_METRICS},
-        output_tokens_per_s_per_gpu=d.get("output_tokens_per_s_per_gpu"),
-        requests=d.get("requests", 0),
-        errors=d.get("errors", 0),
-        reason=d.get("reason"),
-        duration_s=d.get("duration_s", 0.0),
-        concurrency=d.get("concurrency"),
-    )
-
-
-@dataclass
-class ExecutedTrial:
-    number: int
-    config: TrialConfig
-    measurement: Measurement
-    checks: list[SloCheck]
-    run: str | None = None
-    purpose: str = "explore"
-
-
-def _executed(t: FrozenTrial) -> ExecutedTrial | None:
-    if ATTR_MEASUREMENT not in t.user_attrs or ATTR_CONFIG not in t.user_attrs:
-        return None
-    return ExecutedTrial(
-        t.number,
-        config_of(t.user_attrs[ATTR_CONFIG]),
-        measurement_from_attr(t.user_attrs[ATTR_MEASUREMENT]),
-        [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
-        t.user_attrs.get(ATTR_RUN),
-        t.user_attrs.get(ATTR_PURPOSE, "explore"),
-    )
-
-
-def executed_trials(study: Study) -> list[ExecutedTrial]:
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if (e := _executed(t)) is not None:
-            out.append(e)
-    return out
-
-
-def current_trials(
-    study: Study, run: str | None = None, extra: FrozenTrial | None = None
-) -> list[ExecutedTrial]:
-    """The executed trials that count, in trial order (repeats of a configuration included).
-
-    Trials that failed with `error` in an *earlier* run are left out, so a re-run after fixing
-    the set-up (server command, checkpoint) retries them; OOMs and measurements are kept for
-    good (the study keeps everything). `extra`: a trial just measured but not yet told."""
-    trials = executed_trials(study)
-    if extra is not None and (e := _executed(extra)) is not None:
-        trials = [t for t in trials if t.number != e.number] + [e]
-    out = [
-        e
-        for e in trials
-        if not (run is not None and e.measurement.status == "error" and e.run != run)
-    ]
-    return sorted(out, key=lambda e: e.number)
-
-
-def known_from(
-    request: TuningRequest, study: Study, run: str | None = None, extra: FrozenTrial | None = None
-) -> Known:
-    """What the study knows: every current measurement and the configurations in flight."""
-    runs: dict[TrialConfig, list[Measurement]] = {}
-    for e in current_trials(study, run, extra):
-        runs.setdefault(e.config, []).append(e.measurement)
-    in_flight = set()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if ATTR_CONFIG in t.user_attrs and (extra is None or t.number != extra.number):
-            in_flight.add(config_of(t.user_attrs[ATTR_CONFIG]))
-    return Known.build(request, runs, in_flight)
 
 
 # ------------------------------------------------------------------ the search
@@ -221,6 +135,8 @@ class Search:
         seed: int,
         on_trial: OnTrial | None = None,
         deadline: float | None = None,
+        lock: Claim | None = None,
+        shared: bool = False,
     ) -> None:
         self.request = request
         self.space = space
@@ -230,6 +146,10 @@ class Search:
         self.on_trial = on_trial
         self.deadline = deadline
         self.run_id = uuid.uuid4().hex
+        # Workers of a shared study are one run: an error another worker met counts for all.
+        self.scope: str | None = None if shared else self.run_id
+        self.shared = shared
+        self.lock: Claim = lock if lock is not None else ClaimLock(None)
         self.dists = distributions(space)
         self.planner = Planner(request, space, priors, seed=seed)
         self.auto: AutoSampler | None = None
@@ -244,7 +164,7 @@ class Search:
             study.sampler = SkipRuledOut(base, self.admissible, self.dists, seed=seed)
 
     def known(self, study: Study, extra: FrozenTrial | None = None) -> Known:
-        return known_from(self.request, study, self.run_id, extra)
+        return known_from(self.request, study, self.scope, extra)
 
     def admissible(self, study: Study) -> set[TrialConfig]:
         """Configurations a wrapped sampler may propose: not ruled out, not measured, not running."""
@@ -270,7 +190,7 @@ class Search:
     # -- resume
 
     def recover_interrupted(self) -> int:
-        """Mark trials a killed single-worker run left RUNNING as failed (they will be rerun)."""
+        """Mark trials a killed run left RUNNING in a journal as failed (they will be rerun)."""
         stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         # Bookkeeping, not a search decision: the search's sampler must not hear of it (it
         # would decide to stop, and Study.stop outside optimize() raises).
@@ -282,10 +202,16 @@ class Search:
             self.study.sampler = sampler
         return len(stale)
 
+    def others_running(self) -> bool:
+        """Whether any trial of the study is running (in this process or another worker)."""
+        if self.shared:
+            fail_stale(self.study)  # a dead worker's trial is no worker
+        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
     # -- one trial
 
-    def _skip(self, trial: optuna.Trial, cfg: TrialConfig, why: str, *, done: bool) -> None:
-        trial.set_user_attr(ATTR_SKIP, f"{cfg.label()}: {why}")
+    def _skip(self, trial: optuna.Trial, what: str, why: str, *, done: bool) -> None:
+        trial.set_user_attr(ATTR_SKIP, f"{what}: {why}")
         if done:
             stop(self.study, why)
         raise optuna.TrialPruned(why)
@@ -300,29 +226,74 @@ class Search:
             trial.set_constraint(f"{c.metric}/{c.percentile}", v)
         return checks
 
+    def _suggest(self, trial: optuna.Trial) -> TrialConfig:
+        return config_of(
+            {k: trial.suggest_categorical(k, d.choices) for k, d in self.dists.items()}  # type: ignore[attr-defined]
+        )
+
+    def _choose(self, trial: optuna.Trial) -> tuple[TrialConfig, str]:
+        """Under the claim lock: what this trial measures (raises _Wait, or skips the trial)."""
+        retried = trial.user_attrs.get(ATTR_CONFIG)  # a trial whose worker died, to re-run
+        purpose = str(trial.user_attrs.get(ATTR_PURPOSE, "explore"))
+        if retried is not None:
+            cfg = config_of(retried)
+            self._suggest(trial)  # the retried trial keeps its parameters
+            if ATTR_MEASUREMENT in trial.user_attrs:  # its worker died after measuring it
+                self._skip(trial, cfg.label(), "measured before its worker died", done=False)
+        elif self.auto is not None:
+            decision = self.auto.decision_for(self.study, trial.number)
+            if decision.config is None and decision.stop_reason is None:
+                self.auto.forget(trial.number)
+                raise _Wait
+            cfg = self._suggest(trial)
+            self.auto.forget(trial.number)
+            if decision.config != cfg:
+                self._skip(trial, cfg.label(), decision.stop_reason or "nothing to measure now",
+                           done=True)  # fmt: skip
+            purpose = decision.purpose
+        else:
+            cfg = self._suggest(trial)
+        known = self.known(self.study, None)
+        if retried is not None:
+            known.in_flight.discard(cfg)  # its own claim
+        if known.executed + len(known.in_flight) >= self.max_trials:
+            self._skip(trial, cfg.label(), f"budget: maxTrials ({self.max_trials}) executed",
+                       done=True)  # fmt: skip
+        if retried is None and cfg in known.in_flight:
+            self._skip(trial, cfg.label(), "being measured by another worker", done=False)
+        trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
+        trial.set_user_attr(ATTR_RUN, self.run_id)
+        trial.set_user_attr(ATTR_PURPOSE, purpose)
+        if (pred := self.priors.get(cfg)) is not None:
+            trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
+        return cfg, purpose
+
+    def _claim(self, trial: optuna.Trial) -> TrialConfig:
+        """Claim the next configuration for `trial`, waiting while only trials in flight
+        elsewhere may change the answer."""
+        while True:
+            with self.lock():
+                try:
+                    return self._choose(trial)[0]
+                except _Wait:
+                    pass
+            self._wait(trial)
+
+    def _wait(self, trial: optuna.Trial) -> None:
+        time.sleep(POLL_S)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self._skip(trial, "wait", "timeout: spec.tuning.timeoutMinutes reached", done=True)
+        if self.shared:
+            fail_stale(self.study)
+        if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            # A dead worker's trial waits to be re-run: give way so this worker picks it up.
+            self._skip(trial, "wait", "a failed worker's trial is waiting", done=False)
+
     def _objective(
         self, backends: queue.Queue[BenchmarkBackend]
     ) -> Callable[[optuna.Trial], float]:
         def objective(trial: optuna.Trial) -> float:
-            params = {k: trial.suggest_categorical(k, d.choices) for k, d in self.dists.items()}  # type: ignore[attr-defined]
-            cfg = config_of(params)
-            purpose = "explore"
-            if self.auto is not None:
-                decision = self.auto.decision_for(self.study, trial.number)
-                self.auto.decisions.pop(trial.number, None)
-                if decision is None or decision.config != cfg:
-                    reason = decision.stop_reason if decision else None
-                    self._skip(trial, cfg, reason or "nothing to measure now", done=True)
-                assert decision is not None
-                purpose = decision.purpose
-            known = self.known(self.study)
-            if known.executed + len(known.in_flight) >= self.max_trials:
-                self._skip(trial, cfg, f"budget: maxTrials ({self.max_trials}) executed", done=True)
-            trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
-            trial.set_user_attr(ATTR_RUN, self.run_id)
-            trial.set_user_attr(ATTR_PURPOSE, purpose)
-            if (pred := self.priors.get(cfg)) is not None:
-                trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
+            cfg = self._claim(trial)
             backend = backends.get()
             try:
                 m = backend.run(cfg)
@@ -385,9 +356,11 @@ class Search:
         return None
 
     def _clear_stop_reason(self) -> None:
-        # A re-run after a stop decides afresh (a bigger budget, a fixed set-up).
-        if self.study.user_attrs.get(STOP_REASON) is not None:
-            self.study.set_user_attr(STOP_REASON, None)
+        # A re-run after a stop decides afresh (a bigger budget, a fixed set-up); a worker
+        # joining others at work leaves their answer alone.
+        with self.lock():
+            if self.study.user_attrs.get(STOP_REASON) is not None and not self.others_running():
+                self.study.set_user_attr(STOP_REASON, None)
 
     def _timeout_or_budget(self) -> str:
         if self.deadline is not None and time.monotonic() >= self.deadline:

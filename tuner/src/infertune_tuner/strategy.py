@@ -28,6 +28,7 @@ from typing import Literal
 import numpy as np
 from scipy.special import ndtr
 
+from infertune_tuner.belief import believed
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.known import Known, implied_infeasible, measured_twin
 from infertune_tuner.memory_fit import FitModel, memory_margin, ruled_out
@@ -145,6 +146,17 @@ class Planner:
                     reps[key].append(logs)
                     obs[key].append(Observation(cfg, sum(logs) / len(logs), len(logs)))
         return {k: Quantity.fit(k, v, noise=learned_noise(k, reps[k])) for k, v in obs.items()}
+
+    def believe(self, known: Known) -> Known:
+        """`known`, with each configuration in flight believed measured at its posterior mean
+        (the "kriging believer" of batch Bayesian optimisation; see belief.py). Parallel
+        workers then propose jointly: each proposal treats the others' trials in flight as
+        results, the incumbent they may set included, and looks elsewhere."""
+        flying = sorted(c for c in known.in_flight - set(known.measured) if c in self.priors)
+        if not flying:
+            return known
+        p_fit = self._fit_model(known).probability(np.array([self.margin[c] for c in flying]))
+        return believed(self.request, known, flying, self.priors, self._quantities(known), p_fit)
 
     def _fit_model(self, known: Known) -> FitModel:
         """Fits = the KV cache held max-batch sequences: an OOM or a capped run says no."""
@@ -293,9 +305,10 @@ class Planner:
         better than the incumbent (P(beats it) >= STOP_PROBABILITY)."""
         if a.best is None:
             return []
-        out = [a.best] if known.repeats(a.best) < 2 else []
+        # A configuration another worker is measuring again is confirmed there.
+        out = [a.best] if known.repeats(a.best) < 2 and a.best not in known.in_flight else []
         for cfg, m in known.feasible().items():
-            if cfg == a.best or known.repeats(cfg) >= 2:
+            if cfg == a.best or known.repeats(cfg) >= 2 or cfg in known.in_flight:
                 continue
             i = a.of(cfg)
             if i is not None and a.p_beat[i] >= STOP_PROBABILITY:
@@ -325,7 +338,9 @@ class Planner:
             configuration and a stop reason (converged, nothing plausibly meets the SLO, all
             ruled out); or neither, when only an in-flight trial may still change the answer.
             `confidence` is P(no configuration beats the incumbent by more than 2 %).
+            Configurations in flight count as measured at their posterior mean (`believe`).
         """
+        known = self.believe(known)
         a = self.assess(known)
         conf = a.confidence
         confirm = self._confirmations(known, a)

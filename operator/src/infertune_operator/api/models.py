@@ -78,6 +78,13 @@ class SecretKeyRef(ApiModel):
     )  # fmt: skip
 
 
+class StorageSecretRef(SecretKeyRef):
+    key: str = Field(
+        default="url", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key holding the storage URL (default url).",
+    )  # fmt: skip
+
+
 class ModelSource(ApiModel):
     uri: str = Field(
         min_length=1,
@@ -278,6 +285,18 @@ class TuningSpec(ApiModel):
         default=None,
         description="Optuna RDB storage URL (postgresql://...) shared by parallel tuner workers.",
     )
+    storage_secret_ref: StorageSecretRef | None = Field(
+        default=None,
+        description="The storage URL from a Secret (preferred: the URL holds a password); "
+        "exclusive with storage. Parallel workers (parallelism > 1) need one of the two, or "
+        "the operator's default storage.",
+    )
+
+    @model_validator(mode="after")
+    def _one_storage(self) -> TuningSpec:
+        if self.storage and self.storage_secret_ref is not None:
+            raise ValueError("give storage or storageSecretRef, not both")
+        return self
 
     def effective_max_trials(self, default: int = defaults.MAX_TRIALS) -> int:
         return self.max_trials if self.max_trials is not None else default

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.errors import InputError
+from infertune_tuner.packing import GpuSet
 from infertune_tuner.request import TuningRequest
 
 BACKEND_HELP = "simulated | simulated:perturbed | world:FAMILY | replay:PATH | triton"
@@ -19,8 +20,10 @@ def make_backend(
     server_command: str | None = None,
     workdir: Path | None = None,
     on_phase: OnPhase | None = None,
+    gpus: GpuSet | None = None,
 ) -> BenchmarkBackend:
-    """Build the backend a `--backend` string names (``on_phase``: see ``base.Phase``)."""
+    """Build the backend a `--backend` string names (``on_phase``: see ``base.Phase``;
+    ``gpus``: the worker's GPU set the triton backend's trials are packed into)."""
     if spec == "simulated":
         from infertune_tuner.backends.simulated import SimulatedBackend
 
@@ -46,7 +49,7 @@ def make_backend(
         from infertune_tuner.backends.triton import TritonBackend
 
         return TritonBackend(
-            request, server_command=server_command, workdir=workdir, on_phase=on_phase
+            request, server_command=server_command, workdir=workdir, on_phase=on_phase, gpus=gpus
         )
     raise InputError(f"unknown backend {spec!r}; use {BACKEND_HELP}")
 

@@ -4,20 +4,29 @@
 pass merely because prior and truth are the same function. Noise is deterministic per (seed,
 config, repeat): the first measurement of a configuration is always the same, and re-measuring
 it (a confirmation trial) draws the next repeat, as a second run on real GPUs would.
+
+A simulated trial returns at once, unless ``INFERTUNE_SIMULATED_TIME_SCALE`` (or `time_scale`)
+is set: then it takes that fraction of the time the trial would take on the pool
+(:func:`trial_seconds`: server start, weight load, warm-up and measurement; a configuration that
+does not fit fails at load). Parallel workers then overlap as real ones do (demos, the
+parallel-tuning benchmark, the worker tests).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
 import statistics
+import time
 from collections import Counter
 from dataclasses import replace
 
 from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
+from infertune_tuner.errors import InputError
 from infertune_tuner.measurement import Measurement, trial_requests
 from infertune_tuner.metrics import E2E, LATENCY_METRICS, OBJECTIVE, PERCENTILES, TTFT
 from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
@@ -26,6 +35,27 @@ from infertune_tuner.perfmodel.memory import RESERVE_GIB
 from infertune_tuner.request import TuningRequest
 
 NOISE = 0.02  # relative standard deviation of a p50 across benchmark runs
+TIME_SCALE_ENV = "INFERTUNE_SIMULATED_TIME_SCALE"
+SERVER_START_S = 60.0  # process start, CUDA initialisation, CUDA graph capture
+LOAD_GIB_PER_S = 2.0  # weights read from a local cache
+WARMUP_SHARE = 0.25  # the warm-up before the measured requests
+
+
+def trial_seconds(weights_gib: float, m: Measurement) -> float:
+    """How long a trial takes on real GPUs: start + load (+ warm-up and measurement when ok)."""
+    load = SERVER_START_S + weights_gib / LOAD_GIB_PER_S
+    return load + (m.duration_s * (1 + WARMUP_SHARE) if m.status == "ok" else 0.0)
+
+
+def time_scale_from_env() -> float:
+    raw = os.environ.get(TIME_SCALE_ENV, "").strip()
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError:
+        raise InputError(f"{TIME_SCALE_ENV} must be a number, not {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"{TIME_SCALE_ENV} must be a non-negative number")
+    return value
 
 
 def perturbed_truth(
@@ -70,6 +100,7 @@ class SimulatedBackend:
         truth: Efficiency | None = None,
         reserve_gib: float | None = None,
         noise: float = NOISE,
+        time_scale: float | None = None,
     ) -> None:
         self._model: ModelArch = request.resolve_model()
         self._gpu: Gpu = request.resolve_gpu()
@@ -80,6 +111,7 @@ class SimulatedBackend:
         self._noise = noise
         self._runs: Counter[TrialConfig] = Counter()
         self._percentiles = [b.percentile for b in request.slo]
+        self.time_scale = time_scale if time_scale is not None else time_scale_from_env()
 
     @classmethod
     def perturbed(
@@ -91,7 +123,15 @@ class SimulatedBackend:
     def run(self, config: TrialConfig) -> Measurement:
         repeat = self._runs[config]
         self._runs[config] += 1
-        return self.measure(config, repeat=repeat)
+        m = self.measure(config, repeat=repeat)
+        if self.time_scale > 0:
+            time.sleep(self.time_scale * self.seconds(config, m))
+        return m
+
+    def seconds(self, config: TrialConfig, m: Measurement) -> float:
+        """The time this trial would take on the pool (see :func:`trial_seconds`)."""
+        p = predict(self._model, self._gpu, config, self._workload, self._truth, self._reserve)
+        return trial_seconds(p.memory.weights_gib_per_gpu * config.tp, m)
 
     def typical(self, config: TrialConfig, repeats: int = 21) -> Measurement:
         """What a typical run of `config` shows: the median of many repeats, per quantity

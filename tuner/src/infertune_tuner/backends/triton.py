@@ -21,6 +21,7 @@ helpers.py of the LLM-API model are copied from). The server inherits the tuner'
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -35,6 +36,7 @@ from infertune_tuner.errors import InputError
 from infertune_tuner.harness.loadgen import LoadSpec
 from infertune_tuner.harness.runner import TrialPlan, free_ports, run_trial
 from infertune_tuner.measurement import Measurement, TrialPhase, trial_requests
+from infertune_tuner.packing import GpuSet, Lease
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime import SERVED_MODEL, Ports, ServingRuntime, TritonRuntime
 from infertune_tuner.runtime.weights import (
@@ -92,6 +94,7 @@ class TritonBackend:
         requests_per_trial: int | None = None,
         warmup: int | None = None,
         on_phase: OnPhase | None = None,
+        gpus: GpuSet | None = None,
     ) -> None:
         if server_command is not None:
             check_template(server_command)
@@ -114,6 +117,7 @@ class TritonBackend:
         self.workdir = (
             Path(tempfile.mkdtemp(prefix="infertune-triton-")) if workdir is None else workdir
         )
+        self.gpus = gpus  # shared by the worker's threads: each trial leases its block
         self._trials = 0
         self._fp8_kv: dict[str, bool] = {}
 
@@ -122,14 +126,18 @@ class TritonBackend:
         """model.yaml's `model` for this config (raises MissingCheckpoint)."""
         return model_path_for(weights_uri(self.request, config))
 
-    def plan(self, config: TrialConfig, trial_dir: Path) -> TrialPlan:
-        """Render the repository into `trial_dir` and build the command and load spec."""
+    def plan(self, config: TrialConfig, trial_dir: Path, lease: Lease | None = None) -> TrialPlan:
+        """Render the repository into `trial_dir` and build the command and load spec
+        (`lease`: the GPUs and ports of a packed trial; else any free ports, every GPU)."""
         repo = trial_dir / "model_repo"
         for rel, text in self.runtime.model_files(self.request, config).items():
             path = repo / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-        port, http_port, metrics_port = free_ports(3)
+        if lease is None:
+            port, http_port, metrics_port = free_ports(3)
+        else:
+            port, http_port, metrics_port = lease.grpc, lease.http, lease.metrics
         ports = Ports(grpc=port, http=http_port, metrics=metrics_port)
         if self.server_command is None:
             self.runtime.assemble(repo)
@@ -165,18 +173,25 @@ class TritonBackend:
             if hook is not None:
                 hook(config, name)
 
+        env = None if lease is None else {**os.environ, "CUDA_VISIBLE_DEVICES": lease.visible}
         return TrialPlan(
             command=command, load=load, log_path=trial_dir / "server.log",
-            startup_timeout_s=self.startup_timeout_s, on_phase=phase,
+            startup_timeout_s=self.startup_timeout_s, on_phase=phase, env=env,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the interface
     def run(self, config: TrialConfig) -> Measurement:
+        if self.gpus is None:
+            return self._run(config, None)
+        with self.gpus.lease(config.tp) as lease:
+            return self._run(config, lease)
+
+    def _run(self, config: TrialConfig, lease: Lease | None) -> Measurement:
         self._trials += 1
         label = re.sub(r"[^A-Za-z0-9._-]+", "-", config.label())
         trial_dir = self.workdir / f"trial-{self._trials:03d}-{label}"
         try:
-            plan = self.plan(config, trial_dir)
+            plan = self.plan(config, trial_dir, lease)
         except MissingCheckpoint as exc:
             return Measurement.failed("error", str(exc))
         except (OSError, ValueError) as exc:

@@ -1,0 +1,57 @@
+"""Batch proposals: parallel workers of `auto` propose jointly. Each proposal treats the trials in
+flight as measured at their posterior mean (belief.py), so it looks for what could beat them
+instead of their near twins."""
+
+from __future__ import annotations
+
+from infertune_tuner.belief import BELIEVED
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.known import Known
+from infertune_tuner.run import prior_predictions
+from infertune_tuner.space import build_space
+from infertune_tuner.strategy import IMPROVEMENT, Planner
+
+from .helpers import request
+
+
+def _planner() -> tuple[Planner, dict[TrialConfig, float]]:
+    req = request(quants=["fp16", "fp8"])
+    space = build_space(req, req.resolve_model(), req.resolve_gpu(), "simulated")
+    priors = prior_predictions(req, space)
+    tps = {c: p.output_tokens_per_s_per_gpu for c, p in priors.items()}
+    return Planner(req, space, priors, seed=0), tps
+
+
+def _batch(planner: Planner, k: int) -> list[TrialConfig]:
+    """k proposals, each made while the earlier ones are in flight (as k workers would)."""
+    flying: list[TrialConfig] = []
+    for _ in range(k):
+        d = planner.decide(Known.build(planner.request, {}, set(flying)), remaining=40)
+        assert d.config is not None, d
+        flying.append(d.config)
+    return flying
+
+
+def test_a_proposal_beside_a_trial_in_flight_must_be_able_to_beat_it() -> None:
+    planner, tps = _planner()
+    first, second = _batch(planner, 2)
+    assert second != first
+    # The trial in flight is believed feasible at its predicted tok/s/GPU: it is the incumbent
+    # the second worker must beat, so it does not spend a GPU set on a slower neighbour.
+    assert tps[second] > tps[first] * (1 + IMPROVEMENT)
+
+
+def test_four_workers_propose_four_distinct_configurations() -> None:
+    planner, _ = _planner()
+    batch = _batch(planner, 4)
+    assert len(set(batch)) == 4
+
+
+def test_beliefs_steer_proposals_but_are_never_results() -> None:
+    planner, _ = _planner()
+    [first] = _batch(planner, 1)
+    known = Known.build(planner.request, {}, {first})
+    believed = planner.believe(known)
+    assert believed.runs[first][0].reason == BELIEVED
+    assert known.runs == {} and known.executed == 0  # what the study knows is untouched
+    assert first in believed.in_flight  # still in flight: nobody proposes it again

@@ -1,0 +1,140 @@
+"""What the study holds about each trial, and reading it back.
+
+Every executed trial carries its configuration, measurement and SLO checks as user attributes;
+a trial *in flight* is one that a worker (thread or process) has claimed: RUNNING with its
+configuration recorded, or WAITING to be re-run after its worker died.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.known import Known
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.metrics import LATENCY_METRICS
+from infertune_tuner.perfmodel.latency import Percentiles
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.result import SloCheck
+from infertune_tuner.sampler import config_of
+
+ATTR_CONFIG = "config"
+ATTR_MEASUREMENT = "measurement"
+ATTR_CHECKS = "slo_checks"
+ATTR_CONSTRAINTS = "constraints"
+ATTR_SKIP = "skipped"
+ATTR_RUN = "run"
+ATTR_PURPOSE = "purpose"
+CLAIMED = (TrialState.RUNNING, TrialState.WAITING)
+
+
+def measurement_to_attr(m: Measurement) -> dict[str, Any]:
+    def pct(p: Percentiles | None) -> dict[str, float] | None:
+        return p.as_dict() if p else None
+
+    return {
+        "status": m.status,
+        **{x.key: pct(m.percentiles(x.key)) for x in LATENCY_METRICS},
+        "output_tokens_per_s_per_gpu": m.output_tokens_per_s_per_gpu,
+        "requests": m.requests,
+        "errors": m.errors,
+        "reason": m.reason,
+        "duration_s": m.duration_s,
+        "concurrency": m.concurrency,
+    }
+
+
+def measurement_from_attr(d: dict[str, Any]) -> Measurement:
+    def pct(v: dict[str, float] | None) -> Percentiles | None:
+        return Percentiles(v["p50"], v["p95"], v["p99"]) if v else None
+
+    return Measurement(
+        status=d["status"],
+        **{x.key: pct(d.get(x.key)) for x in LATENCY_METRICS},
+        output_tokens_per_s_per_gpu=d.get("output_tokens_per_s_per_gpu"),
+        requests=d.get("requests", 0),
+        errors=d.get("errors", 0),
+        reason=d.get("reason"),
+        duration_s=d.get("duration_s", 0.0),
+        concurrency=d.get("concurrency"),
+    )
+
+
+@dataclass
+class ExecutedTrial:
+    number: int
+    config: TrialConfig
+    measurement: Measurement
+    checks: list[SloCheck]
+    run: str | None = None
+    purpose: str = "explore"
+
+
+def _executed(t: FrozenTrial) -> ExecutedTrial | None:
+    if ATTR_MEASUREMENT not in t.user_attrs or ATTR_CONFIG not in t.user_attrs:
+        return None
+    return ExecutedTrial(
+        t.number,
+        config_of(t.user_attrs[ATTR_CONFIG]),
+        measurement_from_attr(t.user_attrs[ATTR_MEASUREMENT]),
+        [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
+        t.user_attrs.get(ATTR_RUN),
+        t.user_attrs.get(ATTR_PURPOSE, "explore"),
+    )
+
+
+DONE = (TrialState.COMPLETE, TrialState.FAIL)
+
+
+def executed_trials(study: Study, trials: list[FrozenTrial] | None = None) -> list[ExecutedTrial]:
+    """Every trial that measured something (`trials`: the study's trials, when already read)."""
+    if trials is None:
+        trials = study.get_trials(deepcopy=False, states=DONE)
+    return [e for t in trials if t.state in DONE and (e := _executed(t)) is not None]
+
+
+def current_trials(
+    study: Study,
+    run: str | None = None,
+    extra: FrozenTrial | None = None,
+    trials: list[FrozenTrial] | None = None,
+) -> list[ExecutedTrial]:
+    """The executed trials that count, in trial order (repeats of a configuration included).
+
+    Trials that failed with `error` in an *earlier* run are left out, so a re-run after fixing
+    the set-up (server command, checkpoint) retries them; OOMs and measurements are kept for
+    good (the study keeps everything). `run` None: every trial counts (workers of a shared
+    study). `extra`: a trial just measured but not yet told."""
+    done = executed_trials(study, trials)
+    if extra is not None and (e := _executed(extra)) is not None:
+        done = [t for t in done if t.number != e.number] + [e]
+    out = [
+        e
+        for e in done
+        if not (run is not None and e.measurement.status == "error" and e.run != run)
+    ]
+    return sorted(out, key=lambda e: e.number)
+
+
+def claimed(trials: list[FrozenTrial], exclude: int | None = None) -> set[TrialConfig]:
+    """Configurations in flight: claimed by a running trial or waiting to be re-run."""
+    return {
+        config_of(t.user_attrs[ATTR_CONFIG])
+        for t in trials
+        if t.state in CLAIMED and ATTR_CONFIG in t.user_attrs and t.number != exclude
+    }
+
+
+def known_from(
+    request: TuningRequest, study: Study, run: str | None = None, extra: FrozenTrial | None = None
+) -> Known:
+    """What the study knows: every current measurement and the configurations in flight."""
+    trials = study.get_trials(deepcopy=False)  # one read of the storage
+    runs: dict[TrialConfig, list[Measurement]] = {}
+    for e in current_trials(study, run, extra, trials):
+        runs.setdefault(e.config, []).append(e.measurement)
+    return Known.build(request, runs, claimed(trials, extra.number if extra else None))
