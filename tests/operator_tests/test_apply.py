@@ -17,7 +17,7 @@ from infertune_operator import (
     naming,
     reconcile_serving,
 )
-from infertune_operator.api.models import QUANTITY_PATTERN
+from infertune_operator.api.formats import QUANTITY_PATTERN
 from infertune_tuner.config import TrialConfig
 
 from . import apply_emulation

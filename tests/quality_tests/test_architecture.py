@@ -25,3 +25,17 @@ def test_tuner_runs_without_kopf_or_kubernetes_loaded() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_source_module_over_400_lines() -> None:
+    """Modules stay small enough to hold one concern (split by concern when one grows)."""
+    too_long = {
+        str(path.relative_to(REPO)): n
+        for root in ("operator/src", "tuner/src")
+        for path in (REPO / root).rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines: {too_long}"

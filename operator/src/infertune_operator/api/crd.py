@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from infertune_operator.api import models
+from infertune_operator.api import formats, models
 from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 
 JsonSchema = dict[str, Any]
@@ -60,9 +60,9 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
 # Service's name is a DNS-1035 label: no leading digit). The API server checks only DNS-1123.
 ROOT_RULES: list[dict[str, str]] = [
     {
-        "rule": f"size(self.metadata.name) <= {models.NAME_MAX_LENGTH} && "
-        f"self.metadata.name.matches('{models.NAME_PATTERN}')",
-        "message": f"metadata.name {models.NAME_RULE}",
+        "rule": f"size(self.metadata.name) <= {formats.NAME_MAX_LENGTH} && "
+        f"self.metadata.name.matches('{formats.NAME_PATTERN}')",
+        "message": f"metadata.name {formats.NAME_RULE}",
     }
 ]
 

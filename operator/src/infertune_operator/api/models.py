@@ -11,19 +11,20 @@ the enums and defaults from the tuner's ``config`` and ``defaults``.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
-from pydantic import (
-    AfterValidator,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    WithJsonSchema,
-    model_validator,
-)
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from infertune_operator.api.base import ApiModel
+from infertune_operator.api.formats import (
+    NAME_MAX_LENGTH,
+    NAME_PATTERN,
+    NAME_RULE,
+    NAMESPACE_PATTERN,
+    NAMESPACE_RULE,
+    Quantity,
+    label,
+)
 
 # The status models live in api/status.py; re-exported here, the API's one import point.
 from infertune_operator.api.status import BestConfig as BestConfig
@@ -307,25 +308,6 @@ class TuningSpec(ApiModel):
 
 # ---------------------------------------------------------------- spec.serving
 
-# Kubernetes' quantity grammar (k8s.io/apimachinery/pkg/api/resource): a signed decimal number,
-# then a binary-SI (Ki..Ei), decimal-SI (n, u, m, k, M..E) or exponent (e3, E-2) suffix.
-QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-
-
-def _quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (such as 2, 500m or 16Gi)")
-    return value
-
-
-Quantity = Annotated[
-    int | str,
-    AfterValidator(_quantity),  # one clear message instead of one per union member
-    WithJsonSchema(
-        {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": QUANTITY_PATTERN}]}
-    ),
-]
-
 
 class ResourceOverrides(ApiModel):
     requests: dict[str, Quantity] | None = None
@@ -369,35 +351,11 @@ class InferenceDeploymentSpec(ApiModel):
         return self
 
 
-# metadata.name becomes the name of a Service, a Deployment, a Job and a ConfigMap (with
-# suffixes): a DNS-1035 label (a letter first), short enough for the longest derived name.
-NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-NAME_MAX_LENGTH = 48
-NAME_RULE = (
-    "must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter) "
-    f"of at most {NAME_MAX_LENGTH} characters"
-)
-NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
-NAMESPACE_RULE = (
-    "must be a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a "
-    "letter or digit) of at most 63 characters"
-)
-
-
-def _label(pattern: str, max_length: int, rule: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if len(value) > max_length or not re.fullmatch(pattern, value):
-            raise ValueError(f"{value!r} {rule}")
-        return value
-
-    return AfterValidator(check)
-
-
 class ObjectMeta(ApiModel):
     model_config = ConfigDict(extra="allow")
 
-    name: Annotated[str, _label(NAME_PATTERN, NAME_MAX_LENGTH, NAME_RULE)]
-    namespace: Annotated[str, _label(NAMESPACE_PATTERN, 63, NAMESPACE_RULE)] | None = None
+    name: Annotated[str, label(NAME_PATTERN, NAME_MAX_LENGTH, NAME_RULE)]
+    namespace: Annotated[str, label(NAMESPACE_PATTERN, 63, NAMESPACE_RULE)] | None = None
 
 
 class InferenceDeployment(ApiModel):
