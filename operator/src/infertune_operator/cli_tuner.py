@@ -112,7 +112,7 @@ def tune(
         shown.finish(None)
         raise
     if report is None:  # a worker of a shared study: the last worker writes the report
-        shown.finish("worker done; the last worker of the shared study writes the report")
+        shown.finish(None)
         typer.echo("worker done; the last worker of the shared study writes the report")
         return
     shown.finish(report.stopped_reason)
