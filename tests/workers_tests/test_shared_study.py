@@ -119,7 +119,7 @@ def test_three_workers_share_the_work_and_write_one_report(
 def test_the_budget_holds_across_workers(tmp_path: Path, postgres_url: str) -> None:
     spec = spec_file(tmp_path, postgres_url, sampler="random", maxTrials=6)
     outs = [tmp_path / f"w{i}" for i in range(3)]
-    finish([start(spec, o, scale=0.01) for o in outs])
+    finish([start(spec, o, scale=0.001) for o in outs])
     trials = measured(the_study(postgres_url))
     assert len(trials) == 6  # not 6 per worker, and none over
     assert_no_duplicates(trials)

@@ -133,7 +133,7 @@ def tune(
             raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
         raise
     if report is None:  # a worker of a shared study: the last worker writes the report
-        shown.finish("worker done; the last worker of the shared study writes the report")
+        shown.finish(None)
         typer.echo("worker done; the last worker of the shared study writes the report")
         return
     typer.echo(build_view(report).verdict)
