@@ -39,3 +39,63 @@ def test_no_source_module_over_400_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
     assert not too_long, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
+
+
+# Imported only inside a guard that works without them (say so where they are imported).
+OPTIONAL_IMPORTS = {"huggingface_hub"}  # runtime/weights.py: the tuner image ships it
+
+
+def _requirement_closure(dist: str) -> set[str]:
+    """Distributions `pip install <dist>` brings in (no extras of its own), normalised names;
+    an extra a requirement asks for (``tritonclient[grpc]``) brings in that extra's."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[tuple[str, str]] = set()
+    todo: list[tuple[str, str]] = [(canonicalize_name(dist), "")]
+    while todo:
+        name, extra = todo.pop()
+        if (name, extra) in seen:
+            continue
+        seen.add((name, extra))
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+                continue
+            child = canonicalize_name(req.name)
+            todo += [(child, "")] + [(child, e) for e in req.extras]
+    return {name for name, _ in seen}
+
+
+def test_every_runtime_import_is_a_base_dependency() -> None:
+    """`pip install -e .` (the README's first command) installs what the code imports."""
+    import ast
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    imported: set[str] = set()
+    for root in ("operator/src", "tuner/src"):
+        for path in (REPO / root).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    imported |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    imported.add(node.module.split(".")[0])
+    third_party = {
+        m
+        for m in imported - set(sys.stdlib_module_names) - OPTIONAL_IMPORTS
+        if not m.startswith("infertune")
+    }
+    closure = _requirement_closure("infertune")
+    providers = metadata.packages_distributions()
+    missing = {
+        m for m in third_party if not {canonicalize_name(d) for d in providers.get(m, [])} & closure
+    }
+    assert not missing, f"imported but not installed by `pip install -e .`: {sorted(missing)}"
