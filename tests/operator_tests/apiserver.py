@@ -214,6 +214,17 @@ def events_for(api: FakeApiServer, name: str) -> list[dict[str, Any]]:
     ]
 
 
+async def warning_events(api: FakeApiServer, name: str, reason: str) -> list[dict[str, Any]]:
+    """Wait for Warning events with `reason` about object `name`, and return them."""
+    events: list[dict[str, Any]] = await wait_for(
+        lambda: [
+            e for e in events_for(api, name) if e["type"] == "Warning" and e["reason"] == reason
+        ],
+        what=f"a {reason} warning event",
+    )
+    return events
+
+
 def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
     for c in ((obj or {}).get("status") or {}).get("conditions") or []:
         if c["type"] == ctype:

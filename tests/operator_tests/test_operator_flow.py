@@ -38,6 +38,7 @@ from .apiserver import (
     start_job,
     start_operator,
     wait_for,
+    warning_events,
 )
 
 
@@ -236,11 +237,7 @@ async def test_job_failure_reports_the_pod_reason(
     assert tuned["status"] == "False" and tuned["reason"] == "TuningJobFailed"
     assert "OOMKilled" in tuned["message"] and "exit code 137" in tuned["message"]
     assert "memory" in tuned["message"]  # what to do about it
-    warnings = await wait_for(
-        lambda: [e for e in events_for(api, "oom")
-                 if e["type"] == "Warning" and e["reason"] == "TuningJobFailed"],
-        what="a TuningJobFailed warning event",
-    )  # fmt: skip
+    warnings = await warning_events(api, "oom", "TuningJobFailed")
     assert "OOMKilled" in warnings[0]["message"]
     assert get(api, "deployments", "oom") is None
     assert creations(api, "jobs") == 1  # a failed tuning is not retried endlessly
@@ -330,11 +327,7 @@ async def test_invalid_spec_sets_condition_and_warns_without_retrying(
     tuned = condition(_idf(api, "bad"), "Tuned")
     assert tuned["reason"] == "InvalidSpec"
     assert "spec.gpu.product" in tuned["message"] and "Z100-1TB" in tuned["message"]
-    await wait_for(
-        lambda: [e for e in events_for(api, "bad")
-                 if e["type"] == "Warning" and e["reason"] == "InvalidSpec"],
-        what="an InvalidSpec warning event",
-    )  # fmt: skip
+    await warning_events(api, "bad", "InvalidSpec")
     assert jobs_of(api, "bad") == []
 
     # A field the CRD schema lets through but the models reject: every problem is listed.

@@ -15,7 +15,6 @@ from .apiserver import (
     OperatorRunner,
     condition,
     create,
-    events_for,
     finish_job,
     get,
     jobs_of,
@@ -25,6 +24,7 @@ from .apiserver import (
     phase,
     run_tuner,
     wait_for,
+    warning_events,
 )
 
 SECRET = {"name": "optuna-db", "key": "url"}
@@ -43,11 +43,7 @@ async def test_workers_without_storage_are_refused_then_run_as_an_indexed_job(
     tuned = condition(get(api, "inferencedeployments", "par") or {}, "Tuned")
     assert tuned["reason"] == "InvalidSpec"
     assert "parallelism: 2" in tuned["message"] and "storageSecretRef" in tuned["message"]
-    await wait_for(
-        lambda: [e for e in events_for(api, "par")
-                 if e["type"] == "Warning" and e["reason"] == "InvalidSpec"],
-        what="an InvalidSpec warning event",
-    )  # fmt: skip
+    await warning_events(api, "par", "InvalidSpec")
     assert jobs_of(api, "par") == []
 
     # With the Secret named, the operator starts one Indexed Job of two workers.

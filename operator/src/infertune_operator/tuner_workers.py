@@ -24,7 +24,7 @@ from typing import Any
 
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.settings import Settings
-from infertune_tuner.errors import InputError
+from infertune_tuner.env import positive_int
 from infertune_tuner.request import TuningRequest
 
 Body = dict[str, Any]
@@ -94,14 +94,7 @@ def worker_request(
     tuning: dict[str, object] = {}
     if url := env.get(STORAGE_ENV, "").strip():
         tuning.update(storage=url, parallelism=1)
-    gpus = None
-    if raw := env.get(WORKER_GPUS_ENV, "").strip():
-        try:
-            gpus = int(raw)
-        except ValueError:
-            raise InputError(f"{WORKER_GPUS_ENV} must be a number of GPUs, not {raw!r}") from None
-        if gpus < 1:
-            raise InputError(f"{WORKER_GPUS_ENV} must be at least 1")
+    gpus = positive_int(env, WORKER_GPUS_ENV, "GPUs")
     if tuning:
         request = request.model_copy(update={"tuning": request.tuning.model_copy(update=tuning)})
     return request, gpus

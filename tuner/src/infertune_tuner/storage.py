@@ -38,6 +38,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from infertune_tuner.env import positive_int
 from infertune_tuner.errors import InputError
 from infertune_tuner.study_storage import journal_storage
 
@@ -62,16 +63,8 @@ def is_shared(storage: str | None) -> bool:
 
 
 def _seconds(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{name} must be a whole number of seconds, not {raw!r}") from None
-    if value < 1:
-        raise InputError(f"{name} must be at least 1")
-    return value
+    value = positive_int(os.environ, name, "seconds")
+    return default if value is None else value
 
 
 def heartbeat() -> tuple[int, int]:
