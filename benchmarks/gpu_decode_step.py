@@ -50,6 +50,15 @@ CASES: list[tuple[str, int, str, int, tuple[int, ...], int]] = [
 ]
 
 
+# Prefill of one prompt (model, tp, quantization, layers built, prompt lengths): compute-bound,
+# the other half of the roofline.
+PREFILL_CASES: list[tuple[str, int, str, int, tuple[int, ...]]] = [
+    ("llama-3-8b", 1, "bf16", 32, (512, 1024, 2048, 8192)),
+    ("llama-3-8b", 1, "fp8", 32, (512, 1024, 2048, 8192)),
+    ("llama-2-70b", 4, "bf16", 20, (1024, 4096)),
+    ("llama-2-70b", 4, "fp8", 20, (1024, 4096)),
+]
+
 # ------------------------------------------------------------------------------- measure (GPU)
 
 
@@ -149,6 +158,22 @@ def _measure(out: Path, repeats: int) -> None:
                 x = x + blk["down"](F.silu(gu[:, :f]) * gu[:, f:])
             return x
 
+        def prefill(self, x: Any) -> Any:
+            """One prompt of x.shape[0] tokens through every layer (causal GQA attention)."""
+            tokens, hd, f, h, kvh = x.shape[0], self.head_dim, self.f, self.h, self.kvh
+            for blk in self.blocks:
+                y = F.rms_norm(x, (self.hidden,), self.norm_w)
+                qkv = blk["qkv"](y).view(tokens, h + 2 * kvh, hd).transpose(0, 1)
+                q, k, v = qkv[:h], qkv[h : h + kvh], qkv[h + kvh :]
+                att = F.scaled_dot_product_attention(
+                    q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
+                )
+                x = x + blk["o"](att[0].transpose(0, 1).reshape(tokens, h * hd))
+                y = F.rms_norm(x, (self.hidden,), self.norm_w)
+                gu = blk["gate_up"](y)
+                x = x + blk["down"](F.silu(gu[:, :f]) * gu[:, f:])
+            return x
+
         def head(self, x: Any) -> Any:
             return self.lm_head(F.rms_norm(x, (self.hidden,), self.norm_w))
 
@@ -186,6 +211,21 @@ def _measure(out: Path, repeats: int) -> None:
         rank = None  # free this case's weights and KV cache before the next
         torch.cuda.empty_cache()
 
+    prefills: list[dict[str, Any]] = []
+    for model, tp, quant, built, lengths in PREFILL_CASES:
+        layers = SHAPES[model][0]
+        rank = Rank(model, tp, quant, built, 1, 1)  # no KV cache to read: the prompt is all
+        for tokens in lengths:
+            x = torch.randn(tokens, rank.hidden, device=dev, dtype=bf16)
+            ms = graph_ms(rank.prefill, x) * layers / built
+            prefills.append({
+                "model": model, "tp": tp, "quantization": quant, "tokens": tokens,
+                "layers": layers, "layers_built": built, "prefill_ms": round(ms, 4),
+            })  # fmt: skip
+            print(f"{model} tp{tp} {quant:5} prefill {tokens:>5} tokens {ms:8.3f} ms", flush=True)
+        rank = None
+        torch.cuda.empty_cache()
+
     out.write_text(json.dumps({
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
@@ -193,6 +233,7 @@ def _measure(out: Path, repeats: int) -> None:
         "hbm_copy_gbs": round(hbm_gbs, 1),
         "repeats": repeats,
         "results": results,
+        "prefill": prefills,
     }, indent=2) + "\n")  # fmt: skip
     print(f"wrote {out} (device-to-device copy: {hbm_gbs:.0f} GB/s)")
 
@@ -250,12 +291,40 @@ def _compare(path: Path) -> None:
         base = by_key[(m, tp, "bf16", ctx, b)]
         print(f"{m:12} {b:>5} {r['step_ms'] / base['step_ms']:>9.2f} "
               f"{r['fitted_ms'] / base['fitted_ms']:>9.2f}")  # fmt: skip
+    if data.get("prefill"):
+        _compare_prefill(data["prefill"], gpu, gpu_part, roofline)
+
+
+def _compare_prefill(rows: list[dict[str, Any]], gpu: Any, fitted: Any, roofline: Any) -> None:
+    from infertune_tuner.catalog.models import get_model
+    from infertune_tuner.config import TrialConfig
+    from infertune_tuner.perfmodel.latency import StepModel
+
+    print("\nprefill of one prompt (GPU work only: no all-reduce), ms")
+    header = (f"{'model':12} {'tp':>2} {'quant':5} {'tokens':>6} {'measured':>9} "
+              f"{'roofline':>9} {'fitted':>9} {'meas/roof':>9} {'meas/fit':>9}")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+    no_comm = {"link": 1e9, "allreduce_latency_us": 0.0}  # one rank alone: no all-reduce
+    for r in rows:
+        cfg = TrialConfig(r["tp"], 1, r["quantization"], "auto")
+        model = get_model(r["model"])
+        roof, fit = (
+            StepModel(model, gpu, cfg, replace(eff, **no_comm)).prefill_ms(r["tokens"])
+            for eff in (roofline, fitted)
+        )
+        meas = r["prefill_ms"]
+        print(f"{r['model']:12} {r['tp']:>2} {r['quantization']:5} {r['tokens']:>6} "
+              f"{meas:>8.2f}  {roof:>8.2f}  {fit:>8.2f}  {meas / roof:>8.2f}  "
+              f"{meas / fit:>8.2f}")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure", help="time decode steps on this machine's GPU (PyTorch)")
+    m = sub.add_parser(
+        "measure", help="time decode steps and prefills on this machine's GPU (PyTorch)"
+    )
     m.add_argument("--out", type=Path, default=Path("decode-step.json"))
     m.add_argument("--repeats", type=int, default=30)
     c = sub.add_parser("compare", help="compare measured steps with the performance model")
