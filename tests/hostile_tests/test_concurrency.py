@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infertune_tuner.study_storage import LOCK
+from infertune_tuner.journal import LOCK
 
 from .corpus import check, invoke, manifest, put
 
@@ -30,7 +30,7 @@ INFERTUNE = str(Path(sys.executable).parent / "infertune")
 HOLD = (
     "import sys, time\n"
     "from pathlib import Path\n"
-    "from infertune_tuner.study_storage import lock_study\n"
+    "from infertune_tuner.journal import lock_study\n"
     "lock = lock_study(Path(sys.argv[1]))\n"
     "print('locked', flush=True)\n"
     "time.sleep(300)\n"

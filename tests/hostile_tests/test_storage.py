@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infertune_tuner.study_storage import JOURNAL, LOCK
+from infertune_tuner.journal import JOURNAL, LOCK
 
 from .corpus import check, invoke, manifest, put
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from infertune_tuner.errors import InputError
+from infertune_tuner.journal import lock_study
 from infertune_tuner.storage import HEARTBEAT_ENV, heartbeat, mask_url, open_storage
-from infertune_tuner.study_storage import lock_study
 
 URL = "postgresql://tuner:s3cret@127.0.0.1:1/optuna"  # nothing listens on port 1
 

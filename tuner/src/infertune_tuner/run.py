@@ -21,6 +21,7 @@ from infertune_tuner import __version__, defaults, slo
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.known import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.memory_fit import ruled_out
@@ -43,7 +44,6 @@ from infertune_tuner.search import Search, SearchOutcome, study_name
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.storage import ClaimLock, mask_url, open_storage
 from infertune_tuner.strategy import Planner
-from infertune_tuner.study_storage import lock_study, storage_fault
 from infertune_tuner.trial_record import current_trials, executed_trials, known_from
 from infertune_tuner.untried import untried_groups
 

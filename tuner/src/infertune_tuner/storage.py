@@ -40,7 +40,7 @@ from sqlalchemy.exc import ArgumentError
 
 from infertune_tuner.env import positive_int
 from infertune_tuner.errors import InputError
-from infertune_tuner.study_storage import journal_storage
+from infertune_tuner.journal import journal_storage
 
 # A running trial beats every HEARTBEAT_S; one silent for GRACE_S is stale and re-run elsewhere.
 # Overridable (tests, clusters with slow networks) through the environment.
@@ -80,7 +80,7 @@ def open_storage(url: str | None, out_dir: Path) -> BaseStorage:
         InputError: the URL cannot be parsed, its driver is not installed, or the database
             cannot be reached (the message shows the URL without its password).
     """
-    if not url:  # study_storage.lock_study holds the folder and repairs the journal first
+    if not url:  # journal.lock_study holds the folder and repairs the journal first
         return journal_storage(out_dir)
     beat, grace = heartbeat()
     try:
@@ -179,3 +179,27 @@ class ClaimLock:
                         conn.commit()
                 else:  # SQLite and others: one process at a time is all they promise
                     yield
+
+
+def storage_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an Optuna RDB storage here, or None: it must parse as a database
+    URL, name a dialect SQLAlchemy knows, and that dialect's driver must be importable."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return f"{url!r} is not a database URL (dialect[+driver]://user:password@host/db)"
+    try:
+        dialect = parsed.get_dialect()
+    except NoSuchModuleError:
+        return f"unknown database dialect {parsed.drivername!r} in the storage URL"
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        return (
+            f"the storage URL's driver for {parsed.drivername!r} is not installed "
+            f"(cannot import {exc.name or exc}); install it or name an installed driver"
+        )
+    return None

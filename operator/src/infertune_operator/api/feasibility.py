@@ -11,7 +11,7 @@ from infertune_operator.api.manifest import Problem
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
 from infertune_tuner.errors import InputError
-from infertune_tuner.study_storage import storage_url_problem
+from infertune_tuner.storage import storage_url_problem
 
 
 def feasibility_problems(

@@ -210,30 +210,6 @@ def journal_storage(out_dir: Path) -> JournalStorage:
     return storage
 
 
-def storage_url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be an Optuna RDB storage here, or None: it must parse as a database
-    URL, name a dialect SQLAlchemy knows, and that dialect's driver must be importable."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        return f"{url!r} is not a database URL (dialect[+driver]://user:password@host/db)"
-    try:
-        dialect = parsed.get_dialect()
-    except NoSuchModuleError:
-        return f"unknown database dialect {parsed.drivername!r} in the storage URL"
-    try:
-        dialect.import_dbapi()
-    except ImportError as exc:
-        return (
-            f"the storage URL's driver for {parsed.drivername!r} is not installed "
-            f"(cannot import {exc.name or exc}); install it or name an installed driver"
-        )
-    return None
-
-
 def storage_fault(exc: BaseException) -> OSError | None:
     """The OSError (a full disk, a folder gone read-only) behind a failure of the study, if
     any: Optuna may end in an error of its own while handling one from the storage."""
