@@ -82,7 +82,6 @@ def tune(
     trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
     recorded measurements. Re-running with the same output directory resumes the study.
     """
-    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
     from infertune_operator.api.feasibility import feasibility_problems
@@ -93,6 +92,7 @@ def tune(
     from infertune_tuner.report.view import build_view
     from infertune_tuner.run import INTERRUPTED, write_report
     from infertune_tuner.run import tune as run_tune
+    from infertune_tuner.storage import mask_url
 
     exit_on_sigterm()
     obj = load_deployment(spec)
@@ -128,7 +128,7 @@ def tune(
             where = exc.filename or out_dir
             raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
         if isinstance(exc, SQLAlchemyError) and request.tuning.storage:  # the RDB study storage
-            url = make_url(request.tuning.storage).render_as_string(hide_password=True)
+            url = mask_url(request.tuning.storage)
             reason = getattr(exc, "orig", None) or exc
             raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
         raise
