@@ -44,7 +44,7 @@ from infertune_tuner import slo as slo_mod
 from infertune_tuner.backends.worlds import FAMILIES, WorldBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.memory_fit import memory_margin, ruled_out
+from infertune_tuner.search.memory_fit import memory_margin, ruled_out
 from infertune_tuner.request import (
     GpuRef,
     ModelRef,

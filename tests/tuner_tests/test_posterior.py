@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.memory_fit import WIDE_MARGIN, FitModel, ruled_out
-from infertune_tuner.posterior import (
+from infertune_tuner.search.memory_fit import WIDE_MARGIN, FitModel, ruled_out
+from infertune_tuner.search.model import (
     SIGMA_GLOBAL,
     Observation,
     Quantity,

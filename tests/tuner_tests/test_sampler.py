@@ -9,7 +9,7 @@ from optuna.study import Study
 from optuna.trial import TrialState
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.sampler import (
+from infertune_tuner.search.samplers import (
     STOP_REASON,
     BudgetCallback,
     SkipRuledOut,

@@ -16,7 +16,7 @@ from infertune_tuner.backends import BACKEND_HELP
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.run import StudyStart
-from infertune_tuner.strategy import Known
+from infertune_tuner.search.planner import Known
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama2-70b-h100.yaml"

@@ -21,7 +21,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement, TrialPhase
 from infertune_tuner.result import SloCheck
 from infertune_tuner.run import StudyStart
-from infertune_tuner.strategy import Known
+from infertune_tuner.search.planner import Known
 
 
 class _PhaseColumn(ProgressColumn):

@@ -13,7 +13,7 @@ from typing import Final
 
 MAX_TRIALS: Final = 40  # a cap on executed trials, not a target
 PARALLELISM: Final = 1
-SAMPLER: Final = "auto"  # model-guided (strategy.py)
+SAMPLER: Final = "auto"  # model-guided (search/planner.py)
 CLUSTER_BACKEND: Final = "triton"
 LOCAL_BACKEND: Final = "simulated"
 SEED: Final = 0

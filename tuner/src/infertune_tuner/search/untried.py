@@ -4,7 +4,7 @@ A reviewer should be able to see that, say, TP8 was considered and why it was no
 trial. The groups, in the order they are decided:
 
 - memory: the memory model rules it out by a wide margin (never a candidate);
-- neighbour: a measured configuration rules it out (OOM or SLO dominance, see known.py);
+- neighbour: a measured configuration rules it out (OOM or SLO dominance, see evidence.py);
 - twin: the model cannot tell it from a measured configuration (bf16 vs fp16);
 - fit: a candidate, but unlikely to fit in memory (P(fit) < 5 %);
 - slo: a candidate, but unlikely to meet the SLO (P < 5 %);
@@ -19,10 +19,10 @@ import math
 from collections import Counter, defaultdict
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.known import Known
-from infertune_tuner.memory_fit import WIDE_MARGIN, ruled_out
+from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.memory_fit import WIDE_MARGIN, ruled_out
 from infertune_tuner.result import UntriedConfig, UntriedGroup, UntriedKind
-from infertune_tuner.strategy import IMPROVEMENT, Assessment, Planner
+from infertune_tuner.search.planner import IMPROVEMENT, Assessment, Planner
 
 UNLIKELY = 0.05
 REAL_CHANCE = 0.01

@@ -1,7 +1,7 @@
 """The model-guided (`auto`) search: what to measure next, when to stop, how sure it is.
 
 Every configuration the memory model does not rule out by a wide margin is a candidate. For the
-untried candidates the posterior (posterior.py: the performance model as the mean, a Gaussian
+untried candidates the posterior (model.py: the performance model as the mean, a Gaussian
 process on the log-errors of the measurements) and the memory-fit model (memory_fit.py) are
 sampled *jointly*; in each draw a candidate *succeeds* when it fits in memory and meets every
 SLO bound, and *beats* the best when it also exceeds the best measured feasible tok/s/GPU by more
@@ -28,13 +28,13 @@ from typing import Literal
 import numpy as np
 from scipy.special import ndtr
 
-from infertune_tuner.belief import believed
+from infertune_tuner.search.belief import believed
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.known import Known, implied_infeasible, measured_twin
-from infertune_tuner.memory_fit import FitModel, memory_margin, ruled_out
+from infertune_tuner.search.evidence import Known, implied_infeasible, measured_twin
+from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
 from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
-from infertune_tuner.posterior import Observation, Quantity, learned_noise
+from infertune_tuner.search.model import Observation, Quantity, learned_noise
 from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.space import SearchSpace
 

@@ -29,8 +29,8 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from infertune_tuner.config import CONFIG_KEYS, TrialConfig
-from infertune_tuner.known import Known
-from infertune_tuner.strategy import Decision, Planner
+from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.planner import Decision, Planner
 
 STOP_REASON = "stop_reason"
 KnownSource = Callable[[Study, FrozenTrial | None], Known]
@@ -53,7 +53,7 @@ def stop(study: Study, reason: str) -> None:
 
 
 class AutoSampler(BaseSampler):
-    """Model-guided relative sampling with a posterior stop rule (see strategy.py)."""
+    """Model-guided relative sampling with a posterior stop rule (see planner.py)."""
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 Every executed trial lives in the study (default: an Optuna journal file in the output
 directory; an RDB URL when given, see storage.py), with its configuration, measurement and SLO
-checks as user attributes (trial_record.py). Re-running the same request resumes the study: a
+checks as user attributes (records.py). Re-running the same request resumes the study: a
 completed trial is never repeated, and a trial left RUNNING by an interrupted single-worker run
 is marked failed and retried.
 
@@ -16,7 +16,7 @@ change the answer are in flight elsewhere, a worker waits for them instead of st
 whose worker died is re-run by another worker after the heartbeat's grace period (the retry
 keeps the configuration it had claimed).
 
-Samplers (sampler.py): `auto` (model-guided, strategy.py), or Optuna's `tpe` (constraint-aware),
+Samplers (samplers.py): `auto` (model-guided, planner.py), or Optuna's `tpe` (constraint-aware),
 `random` and `grid` wrapped so that they never propose what the memory model or the measurements
 rule out. A proposal that still cannot run (the search is done, the budget is spent) is told to
 the study as PRUNED and costs no budget.
@@ -42,13 +42,13 @@ from optuna.trial import FrozenTrial, TrialState
 from infertune_tuner import slo
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.known import Known, implied_infeasible
+from infertune_tuner.search.evidence import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.memory_fit import ruled_out
+from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
-from infertune_tuner.sampler import (
+from infertune_tuner.search.samplers import (
     STOP_REASON,
     AutoSampler,
     BudgetCallback,
@@ -59,8 +59,8 @@ from infertune_tuner.sampler import (
 )
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.storage import ClaimLock, fail_stale
-from infertune_tuner.strategy import Planner
-from infertune_tuner.trial_record import (
+from infertune_tuner.search.planner import Planner
+from infertune_tuner.search.records import (
     ATTR_CHECKS,
     ATTR_CONFIG,
     ATTR_CONSTRAINTS,

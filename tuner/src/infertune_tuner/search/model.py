@@ -24,7 +24,7 @@ as a Gaussian process over configuration features:
 
 The same posterior gives the probability of meeting each SLO bound and, sampled jointly over all
 candidates, the probability that any of them beats the best measured configuration (the stop
-rule in strategy.py).
+rule in planner.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,13 @@
+"""The search: what to measure next, when to stop, how sure to be (docs/tuning.md).
+
+Organised like Optuna's own samplers (`optuna/samplers/_tpe/`, `_gp/`), top to bottom:
+
+- `driver`: the Optuna study driven by `study.optimize`: claims, workers, the budget, resume;
+- `untried`: why each configuration that was not measured was not (for the report);
+- `records`: what each trial holds in the study, and reading the study back as evidence;
+- `samplers`: the `auto` sampler and the guard around Optuna's TPE, random and grid samplers;
+- `planner`: the model-guided decision (next trial, confirmation, stop rule, confidence);
+- `belief`: trials in flight believed at their posterior mean (batch proposals);
+- `evidence` | `model` | `memory_fit`: what was measured and what it rules out; the posterior
+  of the performance model's errors; the memory frontier as a probability.
+"""
