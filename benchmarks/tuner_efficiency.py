@@ -44,7 +44,6 @@ from infertune_tuner import slo as slo_mod
 from infertune_tuner.backends.worlds import FAMILIES, WorldBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.search.memory_fit import memory_margin, ruled_out
 from infertune_tuner.request import (
     GpuRef,
     ModelRef,
@@ -55,6 +54,7 @@ from infertune_tuner.request import (
     WorkloadShape,
 )  # fmt: skip
 from infertune_tuner.run import prior_predictions, tune
+from infertune_tuner.search.memory_fit import memory_margin, ruled_out
 from infertune_tuner.space import build_space
 
 B11 = [1, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]

@@ -4,12 +4,12 @@ instead of their near twins."""
 
 from __future__ import annotations
 
-from infertune_tuner.search.belief import BELIEVED
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.search.evidence import Known
 from infertune_tuner.run import prior_predictions
-from infertune_tuner.space import build_space
+from infertune_tuner.search.belief import BELIEVED
+from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import IMPROVEMENT, Planner
+from infertune_tuner.space import build_space
 
 from .helpers import request
 

@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.search.evidence import Known, combine, implied_infeasible
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.run import prior_predictions
-from infertune_tuner.space import build_space
+from infertune_tuner.search.evidence import Known, combine, implied_infeasible
+from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.search.planner import MIN_PROBES, STOP_PROBABILITY, Decision, Planner
+from infertune_tuner.space import build_space
 
 from .helpers import request
 

@@ -11,8 +11,8 @@ from infertune_tuner.backends.replay import ReplayBackend, write_table
 from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
-from infertune_tuner.search.memory_fit import memory_margin, ruled_out
 from infertune_tuner.run import INTERRUPTED, prior_predictions, tune, write_report
+from infertune_tuner.search.memory_fit import memory_margin, ruled_out
 from infertune_tuner.space import build_space
 
 from .helpers import CountingBackend, request

@@ -22,9 +22,7 @@ from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.journal import lock_study, storage_fault
-from infertune_tuner.search.evidence import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
 from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
@@ -41,11 +39,13 @@ from infertune_tuner.result import (
     Trial,
 )
 from infertune_tuner.search.driver import Search, SearchOutcome, study_name
-from infertune_tuner.space import SearchSpace, build_space
-from infertune_tuner.storage import ClaimLock, mask_url, open_storage
+from infertune_tuner.search.evidence import Known, implied_infeasible
+from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.records import current_trials, executed_trials, known_from
 from infertune_tuner.search.untried import untried_groups
+from infertune_tuner.space import SearchSpace, build_space
+from infertune_tuner.storage import ClaimLock, mask_url, open_storage
 
 log = logging.getLogger(__name__)
 REPORTED = "reported_at"  # study attribute: the executed trials when the report was written

@@ -21,12 +21,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.search.evidence import Known
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
-from infertune_tuner.search.model import Quantity
 from infertune_tuner.request import TuningRequest
+from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.model import Quantity
 
 BELIEVED = "believed: a trial in flight, at its posterior mean"
 

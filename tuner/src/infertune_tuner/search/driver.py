@@ -42,23 +42,12 @@ from optuna.trial import FrozenTrial, TrialState
 from infertune_tuner import slo
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.search.evidence import Known, implied_infeasible
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
-from infertune_tuner.search.samplers import (
-    STOP_REASON,
-    AutoSampler,
-    BudgetCallback,
-    SkipRuledOut,
-    config_of,
-    make_base_sampler,
-    stop,
-)
-from infertune_tuner.space import SearchSpace
-from infertune_tuner.storage import ClaimLock, fail_stale
+from infertune_tuner.search.evidence import Known, implied_infeasible
+from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.records import (
     ATTR_CHECKS,
@@ -71,6 +60,17 @@ from infertune_tuner.search.records import (
     known_from,
     measurement_to_attr,
 )
+from infertune_tuner.search.samplers import (
+    STOP_REASON,
+    AutoSampler,
+    BudgetCallback,
+    SkipRuledOut,
+    config_of,
+    make_base_sampler,
+    stop,
+)
+from infertune_tuner.space import SearchSpace
+from infertune_tuner.storage import ClaimLock, fail_stale
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by the tuner itself

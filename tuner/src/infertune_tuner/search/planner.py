@@ -28,14 +28,14 @@ from typing import Literal
 import numpy as np
 from scipy.special import ndtr
 
-from infertune_tuner.search.belief import believed
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.search.evidence import Known, implied_infeasible, measured_twin
-from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
 from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
-from infertune_tuner.search.model import Observation, Quantity, learned_noise
 from infertune_tuner.request import SloBound, TuningRequest
+from infertune_tuner.search.belief import believed
+from infertune_tuner.search.evidence import Known, implied_infeasible, measured_twin
+from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
+from infertune_tuner.search.model import Observation, Quantity, learned_noise
 from infertune_tuner.space import SearchSpace
 
 IMPROVEMENT = 0.02  # gains under 2 % are within measurement noise: not worth a GPU trial

@@ -14,12 +14,12 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.search.evidence import Known
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
+from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.samplers import config_of
 
 ATTR_CONFIG = "config"

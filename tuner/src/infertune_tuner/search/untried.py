@@ -19,9 +19,9 @@ import math
 from collections import Counter, defaultdict
 
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.result import UntriedConfig, UntriedGroup, UntriedKind
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.memory_fit import WIDE_MARGIN, ruled_out
-from infertune_tuner.result import UntriedConfig, UntriedGroup, UntriedKind
 from infertune_tuner.search.planner import IMPROVEMENT, Assessment, Planner
 
 UNLIKELY = 0.05
