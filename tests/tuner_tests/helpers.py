@@ -55,13 +55,15 @@ class CountingBackend:
         self.inner = inner
         self.name = inner.name
         self.calls: list[TrialConfig] = []
+        self.repeats: list[int] = []
         self.fail_after = fail_after
 
-    def run(self, config: TrialConfig) -> Measurement:
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
             raise KeyboardInterrupt("simulated interruption")
         self.calls.append(config)
-        return self.inner.run(config)
+        self.repeats.append(repeat)
+        return self.inner.run(config, repeat=repeat)
 
     def close(self) -> None:
         self.inner.close()

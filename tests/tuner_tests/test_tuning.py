@@ -185,13 +185,13 @@ class _BrokenThenFixed:
         self.fixed = False
         self.calls: list[TrialConfig] = []
 
-    def run(self, config: TrialConfig):  # type: ignore[no-untyped-def]
+    def run(self, config: TrialConfig, *, repeat: int = 0):  # type: ignore[no-untyped-def]
         from infertune_tuner.measurement import Measurement
 
         self.calls.append(config)
         if not self.fixed:
             return Measurement.failed("error", "cannot start 'tritonserver': not found")
-        return self.inner.run(config)
+        return self.inner.run(config, repeat=repeat)
 
     def close(self) -> None:
         pass

@@ -36,7 +36,7 @@ def test_every_family_is_deterministic_per_seed_and_runs_differ_between_repeats(
     for family in FAMILIES:
         a, b = WorldBackend(req, family, seed=1), WorldBackend(req, family, seed=1)
         assert a.truth(cfg) == b.truth(cfg), family
-        first, second = a.run(cfg), a.run(cfg)
+        first, second = a.run(cfg), a.run(cfg, repeat=1)
         assert first == b.run(cfg), f"{family}: the same run of the same seed"
         assert first.output_tokens_per_s_per_gpu != second.output_tokens_per_s_per_gpu, family
 
@@ -105,7 +105,9 @@ def test_noisy_pools_have_outliers_in_their_runs() -> None:
     world = WorldBackend(req, "noisy", seed=2)
     cfg = TrialConfig(4, 64, "fp8", "auto")
     truth = world.truth(cfg).output_tokens_per_s_per_gpu or 0.0
-    logs = np.log([(world.run(cfg).output_tokens_per_s_per_gpu or 0.0) / truth for _ in range(400)])
+    logs = np.log(
+        [(world.run(cfg, repeat=r).output_tokens_per_s_per_gpu or 0.0) / truth for r in range(400)]
+    )
     sd = world.noise
     assert 0.03 <= sd <= 0.04 and 0.02 < np.std(logs) < 0.08
     # A Gaussian with that spread would put ~0.6 % of runs below -2.5 sd: slow phases add more.

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.latency import Percentiles
 
-TrialStatus = Literal["ok", "oom", "error"]
+# invalid: it ran, but what it measured cannot be true (search/plausibility.py): not evidence.
+TrialStatus = Literal["ok", "oom", "error", "invalid"]
 CAPPED_SHARE = 0.98  # a peak below this share of the max batch: some requests waited for KV room
 MAX_TURN_REQUESTS = 1024  # several turns of a large batch: enough for a stable steady state
 MAX_REQUESTS_PER_TRIAL = 2048
@@ -50,6 +51,9 @@ class Measurement:
     # The most requests seen decoding at once. Below the max batch when the KV cache could not
     # hold max-batch sequences and the server queued the rest (None: not observed).
     concurrency: float | None = None
+    # Output tokens per completed request, on average (None: not observed; the simulated pools
+    # always produce the requested length).
+    output_tokens_mean: float | None = None
 
     def capped(self, max_batch_size: int) -> bool:
         """Whether the server ran fewer sequences at once than the max batch (KV-limited)."""
@@ -63,6 +67,10 @@ class Measurement:
     def failed(cls, status: TrialStatus, reason: str) -> Measurement:
         return cls(status=status, reason=reason)
 
+    def invalid(self, reason: str) -> Measurement:
+        """This measurement, kept as recorded but marked invalid for `reason`."""
+        return replace(self, status="invalid", reason=reason)
+
     @classmethod
     def ok(
         cls,
@@ -74,6 +82,7 @@ class Measurement:
         reason: str | None = None,
         duration_s: float = 0.0,
         concurrency: float | None = None,
+        output_tokens_mean: float | None = None,
     ) -> Measurement:
         """A successful trial from each registered latency metric's percentiles (by key)."""
         for key in latency:
@@ -82,7 +91,7 @@ class Measurement:
         return cls(
             status="ok", **fields, output_tokens_per_s_per_gpu=output_tokens_per_s_per_gpu,
             requests=requests, errors=errors, reason=reason, duration_s=duration_s,
-            concurrency=concurrency,
+            concurrency=concurrency, output_tokens_mean=output_tokens_mean,
         )  # fmt: skip
 
     def percentiles(self, metric: str) -> Percentiles | None:

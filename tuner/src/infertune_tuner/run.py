@@ -43,6 +43,7 @@ from infertune_tuner.search.evidence import Known, implied_infeasible
 from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.records import current_trials, executed_trials, known_from
+from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.search.untried import untried_groups
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.storage import ClaimLock, mask_url, open_storage
@@ -226,6 +227,7 @@ def tune(
     on_phase: OnPhase | None = None,
     on_trial: OnTrial | None = None,
     gpus: int | None = None,
+    settings: SearchSettings | None = None,
 ) -> Report | None:
     """Run (or resume) the study for `request` and return the report (not yet written).
 
@@ -246,6 +248,7 @@ def tune(
         on_trial: Called after every executed trial with what is known so far.
         gpus: The GPUs this worker holds (triton backend): trials are packed into them, as
             many at once as the smallest TP of the space fits (see packing.py).
+        settings: The search's constants (default: `SearchSettings()`, each with its evidence).
 
     Returns:
         The report: every trial, the best feasible configuration (or the nearest misses) and
@@ -302,7 +305,7 @@ def tune(
         )
         search = Search(
             request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline,
-            lock=ClaimLock(storage, name), shared=shared,
+            lock=ClaimLock(storage, name), shared=shared, settings=settings,
         )  # fmt: skip
         if not shared:  # no other process works on a journal: what still runs was interrupted
             search.recover_interrupted()

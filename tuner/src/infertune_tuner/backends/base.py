@@ -22,8 +22,13 @@ OnPhase = Callable[[TrialConfig, TrialPhase], None]
 class BenchmarkBackend(Protocol):
     name: str
 
-    def run(self, config: TrialConfig) -> Measurement:
-        """Deploy `config`, drive the workload at concurrency = max batch, measure, tear down."""
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
+        """Deploy `config`, drive the workload at concurrency = max batch, measure, tear down.
+
+        `repeat` is how many times the study already measured `config` (0: its first run). A
+        simulated pool draws that run's noise from it, so a confirmation after a resume or in
+        another worker is a new measurement, as on real GPUs; a real backend ignores it (every
+        run is new)."""
         ...
 
     def close(self) -> None:

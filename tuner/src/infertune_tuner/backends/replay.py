@@ -163,7 +163,8 @@ class ReplayBackend:
         self.path = path
         self.table = load_table(path)
 
-    def run(self, config: TrialConfig) -> Measurement:
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
+        """The recorded row (a table holds one run per configuration: every repeat is it)."""
         found = self.table.get(config)
         if found is None:
             return Measurement.failed("error", f"not in table {self.path.name}")

@@ -3,7 +3,8 @@
 `truth` may differ from the prior the tuner ranks with (`perturbed_truth`), so tuner tests can't
 pass merely because prior and truth are the same function. Noise is deterministic per (seed,
 config, repeat): the first measurement of a configuration is always the same, and re-measuring
-it (a confirmation trial) draws the next repeat, as a second run on real GPUs would.
+it (a confirmation trial; `repeat` counts the study's earlier runs of it, whichever process made
+them) draws the next repeat, as a second run on real GPUs would.
 
 A simulated trial returns at once, unless ``INFERTUNE_SIMULATED_TIME_SCALE`` (or `time_scale`)
 is set: then it takes that fraction of the time the trial would take on the pool
@@ -20,7 +21,6 @@ import os
 import random
 import statistics
 import time
-from collections import Counter
 from dataclasses import replace
 
 from infertune_tuner.catalog.gpus import Gpu
@@ -109,7 +109,6 @@ class SimulatedBackend:
         self._truth = truth
         self._reserve = reserve_gib
         self._noise = noise
-        self._runs: Counter[TrialConfig] = Counter()
         self._percentiles = [b.percentile for b in request.slo]
         self.time_scale = time_scale if time_scale is not None else time_scale_from_env()
 
@@ -120,9 +119,7 @@ class SimulatedBackend:
         eff, reserve = perturbed_truth(request.resolve_gpu().architecture, seed, magnitude)
         return cls(request, seed=seed, truth=eff, reserve_gib=reserve)
 
-    def run(self, config: TrialConfig) -> Measurement:
-        repeat = self._runs[config]
-        self._runs[config] += 1
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         m = self.measure(config, repeat=repeat)
         if self.time_scale > 0:
             time.sleep(self.time_scale * self.seconds(config, m))

@@ -180,7 +180,7 @@ class TritonBackend:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the interface
-    def run(self, config: TrialConfig) -> Measurement:
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         if self.gpus is None:
             return self._run(config, None)
         with self.gpus.lease(config.tp) as lease:

@@ -49,6 +49,7 @@ from infertune_tuner.result import SloCheck
 from infertune_tuner.search.evidence import Known, implied_infeasible
 from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.search.planner import Planner
+from infertune_tuner.search.plausibility import judged
 from infertune_tuner.search.records import (
     ATTR_CHECKS,
     ATTR_CONFIG,
@@ -69,6 +70,7 @@ from infertune_tuner.search.samplers import (
     make_base_sampler,
     stop,
 )
+from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.storage import ClaimLock, fail_stale
 
@@ -137,6 +139,7 @@ class Search:
         deadline: float | None = None,
         lock: Claim | None = None,
         shared: bool = False,
+        settings: SearchSettings | None = None,
     ) -> None:
         self.request = request
         self.space = space
@@ -151,7 +154,7 @@ class Search:
         self.shared = shared
         self.lock: Claim = lock if lock is not None else ClaimLock(None)
         self.dists = distributions(space)
-        self.planner = Planner(request, space, priors, seed=seed)
+        self.planner = Planner(request, space, priors, seed=seed, settings=settings)
         self.auto: AutoSampler | None = None
         self._admissible: tuple[object, set[TrialConfig]] | None = None
         if request.tuning.sampler == "auto":
@@ -294,14 +297,19 @@ class Search:
     ) -> Callable[[optuna.Trial], float]:
         def objective(trial: optuna.Trial) -> float:
             cfg = self._claim(trial)
+            repeat = self.known(self.study).repeats(cfg)  # runs of it the study holds already
             backend = backends.get()
             try:
-                m = backend.run(cfg)
+                m = backend.run(cfg, repeat=repeat)
             except Exception as exc:  # a backend bug must not lose the study
                 log.exception("trial %s crashed", cfg.label())
                 m = Measurement.failed("error", f"backend crashed: {exc!r}")
             finally:
                 backends.put(backend)
+            s = self.planner.settings
+            m = judged(m, cfg, model=self.request.resolve_model(), gpu=self.request.resolve_gpu(),
+                       output_tokens=self.request.workload.output_tokens,
+                       margin=s.plausible_margin, short_output=s.short_output)  # fmt: skip
             checks = self._record(trial, m)
             if self.on_trial is not None:
                 known = self.known(self.study)

@@ -1,26 +1,29 @@
-"""What the measurements say about configurations not yet measured: a Gaussian-process posterior.
+"""What the measurements say about configurations not yet measured: a Gaussian-process posterior
+whose doubt is learned from the run's own evidence.
 
 For each quantity the search needs (tok/s/GPU and every bounded latency percentile) the
 performance model's prediction is the prior mean, and the log of measured / predicted is modelled
-as a Gaussian process over configuration features:
+as a Gaussian process over configuration features (`FEATURES`):
 
     log(measured / predicted)(x) ~ GP(0, k),
-    k(x, x') = sigma_global^2 + sigma_local^2 * exp(-|x - x'|^2 / 2)
+    k(x, x') = sigma_global^2 + sigma_local^2 * exp(-sum_d (x_d - x'_d)^2 / (2 l_d^2))
     y = f(x) + measurement noise (its variance divided by the number of repeats)
 
-- `sigma_global` is an error the whole pool shares (a faster or slower serving stack than the
-  model's calibration): one measurement anywhere mostly resolves it.
-- `sigma_local` is error in the *shape* of the curves (a term the roofline lacks: prefill stalls,
-  CUDA-graph gaps, dequantisation cost). It is only learned near what was measured: a
-  configuration far from every measurement keeps close to the full `sigma_local`, so it is never
-  written off merely because *other* configurations were measured. It differs by quantity:
-  throughput and E2E follow the roofline closely; ITL less; TTFT least, since it is decided by
-  the server's admission policy (chunked prefill, prefill-first, batching of arrivals), which the
-  model only sketches; tails are less certain than medians.
-- features are scaled so that one unit means "quite different": a 4x batch change, a TP
-  doubling, a weight width halving, a change of tensor-core path, a KV-cache width halving.
-- noise is the run-to-run spread of the quantity (tails are noisier than medians); repeats of a
-  configuration average it down.
+- `sigma_global`: an error the whole pool shares (a faster or slower serving stack);
+- `sigma_local`: error in the *shape* of the curves (a term the roofline lacks: prefill stalls,
+  CUDA-graph gaps, dequantisation cost, a scheduler that saturates early), learned only near what
+  was measured, so a configuration unlike anything measured is never written off merely because
+  other configurations were measured;
+- `l_d`: how far along feature d a shape error stays alike (a short batch length: the error
+  changes from one batch size to the next; a long TP length: TP sizes share it).
+
+None of these is fixed. A run weighs a set of settings spread over the hyperprior
+(hyperprior.py: fitted across worlds of many forms) by the marginal likelihood of its own
+measurements, and the posterior is the mixture: residuals that are large or uneven where the run
+measured give weight to large `sigma_local` and short lengths, which widens the posterior at
+every configuration it has not measured instead of being absorbed as an offset and carried to
+TP sizes and quantizations it never saw. With few measurements the hyperprior dominates; the
+mixture never becomes more certain than the settings its evidence allows.
 
 The same posterior gives the probability of meeting each SLO bound and, sampled jointly over all
 candidates, the probability that any of them beats the best measured configuration (the stop
@@ -34,23 +37,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr
 
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.metrics import E2E, ITL, TTFT
+from infertune_tuner.search.hyperprior import Hyper, KindPrior
 
-SIGMA_GLOBAL = 0.35
-SIGMA_LOCAL = 0.2  # throughput's shape error; see local_sigma for the other quantities
-_SHAPE = {"tps": 1.0, E2E.key: 1.1, ITL.key: 1.25, TTFT.key: 2.0}
-_TAIL = {"p50": 1.0, "p95": 1.1, "p99": 1.25}
-# Run-to-run noise (log scale) of one measurement of each kind of quantity.
-NOISE = {"tps": 0.03, "p50": 0.04, "p95": 0.06, "p99": 0.09}
+# Features are scaled so that one unit means "quite different": a 4x batch change, a TP
+# doubling, a weight width halving, a change of tensor-core path, a KV-cache width halving.
+FEATURES = ("batch", "tp", "weight width", "compute path", "kv width")
 _COMPUTE_LEVEL = {"bf16": 0.0, "fp8": -1.0, "fp4": -2.0}
 _JITTER = 1e-9
+# Run-to-run noise (log scale) of one measurement of each kind of quantity.
+NOISE = {"tps": 0.03, "p50": 0.04, "p95": 0.06, "p99": 0.09}
+NOISE_PRIOR_WEIGHT = 3.0  # the prior noise counts as this many degrees of freedom
+PARTICLES = 64  # hyperparameter settings weighed per quantity
+KEEP_MASS = 0.999  # the mixture keeps the heaviest settings holding this much weight ...
+MAX_COMPONENTS = 24  # ... and at most this many
 
 
 def features(cfg: TrialConfig) -> np.ndarray:
-    """The coordinates a configuration has in the posterior's kernel (see the module doc)."""
+    """The coordinates a configuration has in the posterior's kernel (see FEATURES)."""
     q = QUANTIZATIONS[cfg.quantization]
     return np.array(
         [
@@ -63,18 +70,9 @@ def features(cfg: TrialConfig) -> np.ndarray:
     )
 
 
-def local_sigma(key: str) -> float:
-    """Prior shape error of quantity `key` ('tps' or 'metric/percentile')."""
-    metric, _, pct = key.partition("/")
-    return SIGMA_LOCAL * _SHAPE.get(metric, 1.25) * _TAIL.get(pct, 1.0)
-
-
 def noise_of(key: str) -> float:
     """Prior measurement noise of quantity `key` ('tps' or 'metric/percentile')."""
     return NOISE.get(key.rsplit("/", 1)[-1], NOISE["p95"])
-
-
-NOISE_PRIOR_WEIGHT = 3.0  # the prior noise counts as this many degrees of freedom
 
 
 def learned_noise(key: str, repeats: Sequence[Sequence[float]]) -> float:
@@ -98,21 +96,46 @@ class Observation:
     repeats: int = 1
 
 
-def _kernel(a: np.ndarray, b: np.ndarray, sg: float, sl: float) -> np.ndarray:
-    d2 = ((a[:, None, :] - b[None, :, :]) ** 2).sum(axis=2)
-    return sg**2 + sl**2 * np.exp(-0.5 * d2)
+def kernel(a: np.ndarray, b: np.ndarray, h: Hyper) -> np.ndarray:
+    """k(a_i, b_j) for feature rows `a` and `b` under setting `h`."""
+    ls = np.asarray(h.lengths)
+    d2 = (((a[:, None, :] - b[None, :, :]) / ls) ** 2).sum(axis=2)
+    return h.sigma_global**2 + h.sigma_local**2 * np.exp(-0.5 * d2)
+
+
+@dataclass(frozen=True)
+class _Component:
+    """The GP under one hyperparameter setting, conditioned on the observations."""
+
+    hyper: Hyper
+    weight: float
+    chol: np.ndarray | None
+    alpha: np.ndarray
+
+
+def _condition(x: np.ndarray, y: np.ndarray, noise_var: np.ndarray, h: Hyper) -> tuple[
+    float, np.ndarray, np.ndarray
+]:  # fmt: skip
+    """(log marginal likelihood, Cholesky factor, alpha) of the observations under `h`."""
+    k = kernel(x, x, h) + np.diag(noise_var + _JITTER)
+    chol = np.linalg.cholesky(k)
+    z = np.linalg.solve(chol, y)
+    alpha = np.linalg.solve(chol.T, z)
+    ll = (
+        -0.5 * float(z @ z)
+        - float(np.log(np.diag(chol)).sum())
+        - 0.5 * len(y) * math.log(2 * math.pi)
+    )
+    return ll, chol, alpha
 
 
 @dataclass
 class Quantity:
-    """The fitted posterior of one quantity's log-residual."""
+    """The posterior of one quantity's log-residual: a mixture over hyperparameter settings."""
 
     key: str
     train_x: np.ndarray
-    alpha: np.ndarray  # (K + N)^-1 y
-    chol: np.ndarray | None  # Cholesky factor of K + N
-    sigma_global: float
-    sigma_local: float
+    components: tuple[_Component, ...]
     noise: float
 
     @classmethod
@@ -121,58 +144,85 @@ class Quantity:
         key: str,
         observations: Sequence[Observation],
         *,
+        prior: KindPrior,
         noise: float | None = None,
-        sigma_global: float = SIGMA_GLOBAL,
-        sigma_local: float | None = None,
+        particles: int = PARTICLES,
     ) -> Quantity:
-        """Condition the quantity's GP on its observations.
+        """Condition the quantity's GP on its observations, weighing `particles` settings
+        spread over `prior` by their marginal likelihood.
 
         Args:
-            key: 'tps' or 'metric/percentile' (sets the prior shape error and noise).
+            key: 'tps' or 'metric/percentile' (sets the prior measurement noise).
             observations: log(measured / predicted) per measured configuration, with repeats.
+            prior: The hyperprior of this kind of quantity (hyperprior.Hyperprior.of(key)).
             noise: Run-to-run noise (log scale); default the quantity's prior noise.
-            sigma_global: Prior spread of an error every configuration shares.
-            sigma_local: Prior spread of the shape error; default `local_sigma(key)`.
+            particles: How many settings to weigh.
 
         Returns:
-            The posterior, ready for `predict`, `marginal` and `sample`.
+            The posterior, ready for `marginal`, `probability` and `sample`.
         """
         sd = noise if noise is not None else noise_of(key)
-        if sigma_local is None:
-            sigma_local = local_sigma(key)
+        settings = prior.particles(particles)
         if not observations:
-            empty = np.zeros((0, 5))
-            return cls(key, empty, np.zeros(0), None, sigma_global, sigma_local, sd)
+            comps = tuple(_Component(h, 1.0 / len(settings), None, np.zeros(0)) for h in settings)
+            return cls(key, np.zeros((0, len(FEATURES))), _prune(comps), sd)
         x = np.array([features(o.config) for o in observations])
         y = np.array([o.log_ratio for o in observations])
         noise_var = np.array([sd**2 / max(o.repeats, 1) for o in observations])
-        k = _kernel(x, x, sigma_global, sigma_local) + np.diag(noise_var + _JITTER)
-        chol = np.linalg.cholesky(k)
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
-        return cls(key, x, alpha, chol, sigma_global, sigma_local, sd)
+        fitted, lls = [], []
+        for h in settings:
+            try:
+                ll, chol, alpha = _condition(x, y, noise_var, h)
+            except np.linalg.LinAlgError:
+                continue
+            fitted.append((h, chol, alpha))
+            lls.append(ll)
+        w = np.exp(np.array(lls) - max(lls))
+        w /= w.sum()
+        comps = tuple(
+            _Component(h, float(wi), c, a) for (h, c, a), wi in zip(fitted, w, strict=True)
+        )
+        return cls(key, x, _prune(comps), sd)
 
-    def predict(self, configs: Sequence[TrialConfig]) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and covariance of the log-residual at `configs`."""
-        if not configs:
-            return np.zeros(0), np.zeros((0, 0))
-        x = np.array([features(c) for c in configs])
-        prior = _kernel(x, x, self.sigma_global, self.sigma_local)
-        if self.chol is None:
-            return np.zeros(len(configs)), prior
-        cross = _kernel(self.train_x, x, self.sigma_global, self.sigma_local)
-        mean = cross.T @ self.alpha
-        v = np.linalg.solve(self.chol, cross)
-        return mean, prior - v.T @ v
+    def _moments(self, x: np.ndarray, c: _Component) -> tuple[np.ndarray, np.ndarray]:
+        prior_var = np.full(len(x), c.hyper.sigma_global**2 + c.hyper.sigma_local**2)
+        if c.chol is None:
+            return np.zeros(len(x)), prior_var
+        cross = kernel(self.train_x, x, c.hyper)
+        v = np.linalg.solve(c.chol, cross)
+        return cross.T @ c.alpha, np.clip(prior_var - (v * v).sum(axis=0), 1e-12, None)
 
     def marginal(self, configs: Sequence[TrialConfig]) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and standard deviation (no joint structure)."""
-        mean, cov = self.predict(configs)
-        return mean, np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        """Posterior mean and standard deviation of the mixture (no joint structure)."""
+        if not configs:
+            return np.zeros(0), np.zeros(0)
+        x = np.array([features(c) for c in configs])
+        mean, second = np.zeros(len(x)), np.zeros(len(x))
+        for c in self.components:
+            mu, var = self._moments(x, c)
+            mean += c.weight * mu
+            second += c.weight * (var + mu**2)
+        return mean, np.sqrt(np.clip(second - mean**2, 0.0, None))
+
+    def probability(
+        self, configs: Sequence[TrialConfig], bound: np.ndarray | float, *, below: bool
+    ) -> np.ndarray:
+        """P(log-residual < bound) (`below`) or > bound at each configuration, under the mixture."""
+        if not configs:
+            return np.zeros(0)
+        x = np.array([features(c) for c in configs])
+        out = np.zeros(len(x))
+        for c in self.components:
+            mu, var = self._moments(x, c)
+            z = (np.asarray(bound) - mu) / np.sqrt(var)
+            out += c.weight * ndtr(z if below else -z)
+        return out
 
     def sample(
         self, configs: Sequence[TrialConfig], n: int, rng: np.random.Generator
     ) -> np.ndarray:
-        """`n` joint draws of the log-residual at `configs` (shape n x len(configs)).
+        """`n` joint draws of the log-residual at `configs` (shape n x len(configs)): each draw
+        picks a setting by its weight, then draws from that setting's posterior.
 
         Configurations with the same features (twins) share their draws."""
         if not configs:
@@ -180,13 +230,45 @@ class Quantity:
         keys = [tuple(features(c)) for c in configs]
         unique = list(dict.fromkeys(keys))
         where = {k: i for i, k in enumerate(unique)}
-        pts = [configs[keys.index(k)] for k in unique]
-        mean, cov = self.predict(pts)
-        scale = self.sigma_global**2 + self.sigma_local**2
-        try:
-            root = np.linalg.cholesky(cov + np.eye(len(pts)) * 1e-9 * scale)
-        except np.linalg.LinAlgError:  # numerically not positive definite: fall back
-            vals, vecs = np.linalg.eigh(cov)
-            root = vecs * np.sqrt(np.clip(vals, 0.0, None))
-        draws = mean + rng.standard_normal((n, len(pts))) @ root.T
+        x = np.array(unique)
+        weights = np.array([c.weight for c in self.components])
+        which = rng.choice(len(self.components), size=n, p=weights / weights.sum())
+        draws = np.zeros((n, len(unique)))
+        for i, c in enumerate(self.components):
+            rows = np.flatnonzero(which == i)
+            if not len(rows):
+                continue
+            mean, cov = self._joint(x, c)
+            scale = c.hyper.sigma_global**2 + c.hyper.sigma_local**2
+            try:
+                root = np.linalg.cholesky(cov + np.eye(len(x)) * 1e-9 * scale)
+            except np.linalg.LinAlgError:  # numerically not positive definite: fall back
+                vals, vecs = np.linalg.eigh(cov)
+                root = vecs * np.sqrt(np.clip(vals, 0.0, None))
+            draws[rows] = mean + rng.standard_normal((len(rows), len(x))) @ root.T
         return draws[:, [where[k] for k in keys]]
+
+    def _joint(self, x: np.ndarray, c: _Component) -> tuple[np.ndarray, np.ndarray]:
+        prior = kernel(x, x, c.hyper)
+        if c.chol is None:
+            return np.zeros(len(x)), prior
+        cross = kernel(self.train_x, x, c.hyper)
+        v = np.linalg.solve(c.chol, cross)
+        return cross.T @ c.alpha, prior - v.T @ v
+
+    def shape_error(self) -> float:
+        """The posterior's shape-error scale: the weighted mean of sigma_local."""
+        return float(sum(c.weight * c.hyper.sigma_local for c in self.components))
+
+
+def _prune(comps: tuple[_Component, ...]) -> tuple[_Component, ...]:
+    """The heaviest settings holding KEEP_MASS of the weight (at most MAX_COMPONENTS), renormalised."""
+    ordered = sorted(comps, key=lambda c: -c.weight)
+    kept, mass = [], 0.0
+    for c in ordered:
+        kept.append(c)
+        mass += c.weight
+        if mass >= KEEP_MASS or len(kept) >= MAX_COMPONENTS:
+            break
+    total = sum(c.weight for c in kept)
+    return tuple(_Component(c.hyper, c.weight / total, c.chol, c.alpha) for c in kept)

@@ -26,16 +26,18 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy.special import ndtr
 
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.search.belief import believed
+from infertune_tuner.search.coverage import CoverageInput, Gap, gaps
 from infertune_tuner.search.evidence import Known, implied_infeasible, measured_twin
 from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
 from infertune_tuner.search.model import Observation, Quantity, learned_noise
+from infertune_tuner.search.plausibility import decode_bound
+from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace
 
 IMPROVEMENT = 0.02  # gains under 2 % are within measurement noise: not worth a GPU trial
@@ -47,7 +49,7 @@ DRAWS = 768
 NEGLIGIBLE = 1e-3
 JOINT_AT_LEAST = 8
 
-Purpose = Literal["explore", "confirm", "probe"]
+Purpose = Literal["explore", "confirm", "probe", "cover"]
 
 
 def bound_key(b: SloBound) -> str:
@@ -110,11 +112,13 @@ class Planner:
         *,
         seed: int = 0,
         draws: int = DRAWS,
+        settings: SearchSettings | None = None,
     ) -> None:
         self.request = request
         self.priors = priors
         self.seed = seed
         self.draws = draws
+        self.settings = settings if settings is not None else SearchSettings()
         gpu_mem = request.resolve_gpu().memory_gib
         self.margin = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
         self.universe = [c for c in space.configs if not ruled_out(self.margin[c])]
@@ -123,6 +127,17 @@ class Planner:
     # -- the posterior
 
     def _quantities(self, known: Known) -> dict[str, Quantity]:
+        obs, reps = self._observations(known)
+        hp = self.settings.hyperprior
+        return {
+            k: Quantity.fit(k, v, prior=hp.of(k), noise=learned_noise(k, reps[k]))
+            for k, v in obs.items()
+        }
+
+    def _observations(
+        self, known: Known
+    ) -> tuple[dict[str, list[Observation]], dict[str, list[list[float]]]]:
+        """Per quantity, log(measured / predicted) of every valid measurement (and its repeats)."""
         obs: dict[str, list[Observation]] = {"tps": []}
         obs.update({k: [] for k in self.keys})
         reps: dict[str, list[list[float]]] = {k: [] for k in obs}
@@ -145,7 +160,29 @@ class Planner:
                     logs = [math.log(max(v, 1e-6) / _predicted(p, b)) for v in vals]
                     reps[key].append(logs)
                     obs[key].append(Observation(cfg, sum(logs) / len(logs), len(logs)))
-        return {k: Quantity.fit(k, v, noise=learned_noise(k, reps[k])) for k, v in obs.items()}
+        return obs, reps
+
+    def gaps(self, known: Known, a: Assessment) -> list[Gap]:
+        """The structures that could hold the optimum and were not measured near their
+        predicted best (coverage.py)."""
+        obs, _ = self._observations(known)
+        model, gpu = self.request.resolve_model(), self.request.resolve_gpu()
+        data = CoverageInput(
+            universe=self.universe,
+            candidates=a.candidates,
+            valid=frozenset(o.config for o in obs["tps"]),
+            feasible=frozenset(known.feasible()),
+            residuals={k: {o.config: o.log_ratio for o in v} for k, v in obs.items()},
+            incumbent=a.best,
+            incumbent_tps=a.best_tps,
+            priors=self.priors,
+            bounds=[
+                (k, b, lambda p, b=b: _predicted(p, b))
+                for k, b in zip(self.keys, self.request.slo, strict=True)
+            ],
+            decode_bound=lambda c: decode_bound(model, gpu, c),
+        )
+        return gaps(data, floor=self.settings.coverage_floor, improvement=IMPROVEMENT)
 
     def believe(self, known: Known) -> Known:
         """`known`, with each configuration in flight believed measured at its posterior mean
@@ -198,22 +235,20 @@ class Planner:
         if not cands:
             z = np.zeros(0)
             return z, z, z
-        mean, sd = qs["tps"].marginal(cands)
-        sd = np.maximum(sd, 1e-9)
-        log_tps = np.log([self.priors[c].output_tokens_per_s_per_gpu for c in cands]) + mean
+        log_prior = np.log([self.priors[c].output_tokens_per_s_per_gpu for c in cands])
         p = np.ones(len(cands))
         for b, key in zip(self.request.slo, self.keys, strict=True):
-            mu, s = qs[key].marginal(cands)
-            pred = np.log([_predicted(self.priors[c], b) for c in cands]) + mu
-            p *= ndtr((math.log(b.max_ms) - pred) / np.maximum(s, 1e-9))
+            pred = np.log([_predicted(self.priors[c], b) for c in cands])
+            p *= qs[key].probability(cands, math.log(b.max_ms) - pred, below=True)
         floor = self.request.min_output_tokens_per_s_per_gpu
         if floor is not None:
-            p *= ndtr((log_tps - math.log(floor)) / sd)
+            p *= qs["tps"].probability(cands, math.log(floor) - log_prior, below=False)
         p_fit = fit.probability(np.array([self.margin[c] for c in cands]))
         p_success = p * p_fit
         if threshold <= 0:
             return p_success, p_fit, p_success
-        return p_success, p_fit, p_success * ndtr((log_tps - math.log(threshold)) / sd)
+        above = qs["tps"].probability(cands, math.log(threshold) - log_prior, below=False)
+        return p_success, p_fit, p_success * above
 
     def assess(self, known: Known, *, include_in_flight: bool = True) -> Assessment:
         """Sample the posterior jointly over the untried, in-flight and measured feasible.
@@ -346,11 +381,15 @@ class Planner:
         confirm = self._confirmations(known, a)
         n_cands = len(a.candidates)
         explore = a.p_untried >= STOP_PROBABILITY and n_cands > 0 and a.gain[:n_cands].max() > 0
-        if confirm and (not explore or remaining == 1):
+        if confirm and remaining == 1:
             return Decision(confirm[0], "confirm", confidence=conf)
         if explore:
             i = int(np.argmax(a.gain[:n_cands]))
             return Decision(a.candidates[i], "explore", confidence=conf)
+        if (holes := self.gaps(known, a)) and (remaining is None or remaining > 1):
+            return Decision(holes[0].target, "cover", confidence=conf)
+        if confirm:
+            return Decision(confirm[0], "confirm", confidence=conf)
         if known.in_flight:
             return Decision(None, confidence=conf)  # wait: an in-flight trial may still win
         probes = sum(1 for m in known.measured.values() if m.status == "ok")

@@ -1,7 +1,7 @@
 """A simulated GPU pool of one world family, as a benchmark backend (`--backend world:FAMILY`).
 
-`run` measures like a benchmark: each call is a new run with its own noise (re-measuring a
-configuration gives a different sample, as on real GPUs). `truth` is the same configuration
+`run` measures like a benchmark: each repeat of a configuration (`repeat`: the study's earlier
+runs of it) is a new run with its own noise, as on real GPUs. `truth` is the same configuration
 without noise and with a large sample: what the configuration really does, for benchmarks that
 score a search against the true optimum.
 """
@@ -9,7 +9,6 @@ score a search against the true optimum.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 
 import numpy as np
 
@@ -43,7 +42,6 @@ class WorldBackend:
         self._isl = request.workload.input_tokens
         self._osl = request.workload.output_tokens
         self._seed = seed
-        self._runs: Counter[TrialConfig] = Counter()
         self._percentiles = [b.percentile for b in request.slo]
         self._own = (
             SimulatedBackend.perturbed(request, seed=seed) if family == "own-model" else None
@@ -70,9 +68,7 @@ class WorldBackend:
             concurrency=b,
         )
 
-    def run(self, config: TrialConfig) -> Measurement:
-        repeat = self._runs[config]
-        self._runs[config] += 1
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         if self._own is not None:
             return self._own.measure(config, repeat=repeat)
         rng = _rng(self.family, self._gpu.key, self._seed, config.label(), repeat)

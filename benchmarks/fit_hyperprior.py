@@ -1,0 +1,111 @@
+# ruff: noqa: E402  (BLAS threads are set before numpy is imported)
+"""Fit the posterior's hyperprior across world families and write the shipped copy.
+
+    python benchmarks/fit_hyperprior.py [--seeds 3] [--jobs 2] [--write]
+
+Computes every world's residual fields (log of what a typical run of each configuration shows /
+what the performance model predicts) for the 8 own world families (12 scenarios x seeds) and the
+development set (`benchmarks/dev-worlds/`), fits the hyperprior (search/hyperprior.py: pooled
+type-II maximum likelihood for the medians, the spread of each world's own fit for the widths),
+prints it per kind of quantity, and with `--write` stores it as
+`tuner/src/infertune_tuner/search/hyperprior.json`, naming the worlds it came from.
+
+It also prints the evidence for `SearchSettings.coverage_floor`: how differently two calibrated
+stacks of TensorRT-LLM (0.5 and 1.x) rank the configurations of each scenario.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Worlds run in parallel processes; the posterior's matrices are small: one BLAS thread each.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from worldset import ALL_FAMILIES, SCENARIOS, Truth, scenario_request, truth_of, worlds
+
+from infertune_tuner.perfmodel.latency import predict
+from infertune_tuner.search.hyperprior import Hyperprior, fit_hyperprior
+from infertune_tuner.search.model import FEATURES
+from infertune_tuner.space import build_space
+
+OUT = Path(__file__).resolve().parents[1] / "tuner/src/infertune_tuner/search/hyperprior.json"
+
+
+def stack_spread() -> list[tuple[str, float]]:
+    """Per scenario, the 5-95 % range of log(tok/s/GPU by trtllm-0.5 / by trtllm-1.2)."""
+    out = []
+    for sc in SCENARIOS:
+        req = scenario_request(sc, "auto", 0, 40)
+        model, gpu = req.resolve_model(), req.resolve_gpu()
+        space = build_space(req, model, gpu)
+        ratios = []
+        for c in space.configs:
+            a = predict(model, gpu, space.effective(c), req.work)
+            b = predict(model, gpu, space.effective(c), req.work, stack="trtllm-0.5")
+            if (
+                a.fits
+                and b.fits
+                and min(a.output_tokens_per_s_per_gpu, b.output_tokens_per_s_per_gpu) > 0
+            ):
+                ratios.append(
+                    math.log(b.output_tokens_per_s_per_gpu / a.output_tokens_per_s_per_gpu)
+                )
+        out.append((sc[0], float(np.percentile(ratios, 95) - np.percentile(ratios, 5))))
+    return out
+
+
+def describe(h: Hyperprior) -> str:
+    lines = []
+    for kind, p in h.kinds:
+        parts = [("sigma_global", p.sigma_global), ("sigma_local", p.sigma_local)]
+        parts += [(f"l_{f.replace(' ', '_')}", x) for f, x in zip(FEATURES, p.lengths, strict=True)]
+        lines.append(
+            f"  {kind:8} "
+            + "  ".join(f"{n} {x.median:.3f} (x/ {math.exp(x.sd_log):.2f})" for n, x in parts)
+        )
+    return "\n".join(lines)
+
+
+def truths(families: list[str], seeds: int, jobs: int) -> list[Truth]:
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(truth_of, worlds(families, seeds), chunksize=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--write", action="store_true", help=f"write {OUT.name}")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    families = list(ALL_FAMILIES)
+    fields = [f for t in truths(families, args.seeds, args.jobs) for f in t.fields]
+    source = (
+        f"benchmarks/fit_hyperprior.py --seeds {args.seeds}: residual fields of "
+        f"{', '.join(families)}"
+    )
+    h = fit_hyperprior(fields, source)
+    print(f"hyperprior from {len(fields)} residual fields ({time.perf_counter() - started:.0f} s); "
+          "median (x/ one standard deviation)")  # fmt: skip
+    print(describe(h))
+    spreads = stack_spread()
+    ranges = [r for _, r in spreads]
+    print(f"\nstack spread (trtllm-0.5 vs trtllm-1.2, 5-95 % range of log tok/s/GPU ratio): "
+          f"{min(ranges):.2f}-{max(ranges):.2f}, median {float(np.median(ranges)):.2f}; "
+          f"half the median: {float(np.median(ranges)) / 2:.2f} (coverage_floor)")  # fmt: skip
+    if args.write:
+        OUT.write_text(json.dumps(h.to_json(), indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Structural coverage: no confident stop while a TP size or quantization that could hold the
+optimum has never been measured.
+
+The posterior (model.py) carries what it learned where the run measured to where it did not.
+That is its job, and it is also how a search becomes confidently wrong: a model that is visibly
+2x off where it was measured cannot be trusted to 20 % at a TP size or quantization it never
+saw. So before the search may stop on its posterior, every *structure* (each tensor-parallel
+size, each weight quantization of the space) that could hold the optimum gets at least one valid
+measurement near its predicted best - unless memory or physics rules it out outright.
+
+"Could hold the optimum" is judged under the model error the run has seen, never assumed below
+`floor` (the disagreement between two calibrated stacks, SearchSettings.coverage_floor): with
+E = max(floor, the largest |log(measured / predicted)| of the run's valid measurements), a
+candidate could beat the incumbent when
+
+- its predicted tok/s/GPU, moved by the incumbent's own error and then by E in its favour,
+  beats the incumbent by more than the improvement that counts;
+- each bounded latency, moved by the median error measured for that bound and then by E in its
+  favour, meets the bound;
+- the physical decode bound (plausibility.py) lets it beat the incumbent at all.
+
+The target of a structure is its predicted best: of its candidates that could win, the one the
+model predicts the most tok/s/GPU for. The structure is covered when the target was measured, or
+a configuration of the structure within a factor 4 of the target's batch was measured (validly)
+and either met every SLO bound or ran a batch no larger than the target's: a larger neighbour
+that missed says where the structure stops working, not how well it works below that. So each
+structure costs at most a measurement or two, however many precisions it holds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.perfmodel.latency import Prediction
+from infertune_tuner.request import SloBound
+
+Dimension = Literal["tp", "quantization"]
+# A measurement of the structure within this factor of the target's batch covers it (one unit of
+# the posterior's batch feature: "quite different" starts beyond it).
+NEAR_LOG = math.log(4.0)
+
+
+@dataclass(frozen=True, order=True)
+class Structure:
+    """One tensor-parallel size or one weight quantization of the space."""
+
+    dimension: Dimension
+    value: str  # "4" or "fp8"
+
+    @classmethod
+    def of(cls, cfg: TrialConfig) -> tuple[Structure, Structure]:
+        return cls("tp", str(cfg.tp)), cls("quantization", cfg.quantization)
+
+    def holds(self, cfg: TrialConfig) -> bool:
+        return self in Structure.of(cfg)
+
+    def label(self) -> str:
+        return f"TP{self.value}" if self.dimension == "tp" else self.value
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A structure that could hold the optimum and has no valid measurement near its target."""
+
+    structure: Structure
+    target: TrialConfig
+
+
+@dataclass(frozen=True)
+class CoverageInput:
+    """What the rule needs of a run (all pure data; the planner builds it)."""
+
+    universe: Sequence[TrialConfig]  # configurations not ruled out by memory outright
+    candidates: Sequence[TrialConfig]  # untried candidates (classify.py)
+    valid: frozenset[TrialConfig]  # configurations with a valid measurement
+    feasible: frozenset[TrialConfig]  # those that met every SLO bound
+    residuals: Mapping[str, Mapping[TrialConfig, float]]  # 'tps' / bound key -> cfg -> log err
+    incumbent: TrialConfig | None
+    incumbent_tps: float
+    priors: Mapping[TrialConfig, Prediction]
+    bounds: Sequence[tuple[str, SloBound, Callable[[Prediction], float]]]  # key, bound, predicted
+    decode_bound: Callable[[TrialConfig], float]
+
+
+def model_error(residuals: Mapping[TrialConfig, float], floor: float) -> float:
+    """The error to allow: the largest |log(measured / predicted)| seen, at least `floor`."""
+    return max([floor, *(abs(y) for y in residuals.values())])
+
+
+def could_win(cfg: TrialConfig, data: CoverageInput, floor: float, improvement: float) -> bool:
+    """Whether `cfg` could beat the incumbent under the model error the run has seen."""
+    p = data.priors[cfg]
+    if data.incumbent is not None:
+        need = math.log(data.incumbent_tps * (1 + improvement))
+        tps = data.residuals.get("tps", {})
+        own = tps.get(data.incumbent, 0.0)
+        if math.log(p.output_tokens_per_s_per_gpu) + own + model_error(tps, floor) <= need:
+            return False
+        if data.decode_bound(cfg) <= data.incumbent_tps * (1 + improvement):
+            return False
+    for key, bound, predicted in data.bounds:
+        seen = data.residuals.get(key, {})
+        center = statistics.median(seen.values()) if seen else 0.0
+        optimistic = math.log(max(predicted(p), 1e-9)) + center - model_error(seen, floor)
+        if optimistic > math.log(bound.max_ms):
+            return False
+    return True
+
+
+def gaps(data: CoverageInput, *, floor: float, improvement: float) -> list[Gap]:
+    """Every structure that could hold the optimum and is not covered, with its target.
+
+    Args:
+        data: The run's evidence and candidates.
+        floor: The least model error to allow (log scale).
+        improvement: The gain over the incumbent that counts (0.02: 2 %).
+
+    Returns:
+        The gaps, the most promising target first.
+    """
+    structures = sorted({s for c in data.universe for s in Structure.of(c)})
+
+    def predicted(c: TrialConfig) -> float:
+        return data.priors[c].output_tokens_per_s_per_gpu
+
+    out = []
+    for s in structures:
+        if len({t.value for t in structures if t.dimension == s.dimension}) < 2:
+            continue  # the only TP (quantization) of the space: nothing to compare it with
+        contenders = [
+            c for c in data.candidates if s.holds(c) and could_win(c, data, floor, improvement)
+        ]
+        if not contenders:
+            continue
+        target = max(contenders, key=lambda c: (predicted(c), c))
+        near = any(
+            s.holds(m)
+            and abs(math.log(m.max_batch_size / target.max_batch_size)) <= NEAR_LOG + 1e-9
+            and (m in data.feasible or m.max_batch_size <= target.max_batch_size)
+            for m in data.valid
+        )
+        if target not in data.valid and not near:
+            out.append(Gap(s, target))
+    return sorted(out, key=lambda g: (predicted(g.target), g.target), reverse=True)

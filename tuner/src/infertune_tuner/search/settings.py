@@ -1,0 +1,68 @@
+"""Every constant the search decides with, in one value the sampler is built with.
+
+`SearchSettings()` holds the defaults, each with the evidence it rests on; a benchmark or a test
+builds the sampler with others (benchmarks/tuner_efficiency.py scores each world family with the
+hyperprior fitted on the *other* families). Nothing in the search reads a module global instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    # How large and how smooth the performance model's errors are (hyperprior.py): fitted across
+    # world families by benchmarks/fit_hyperprior.py; `hyperprior.json` names the worlds.
+    hyperprior: Hyperprior = field(default_factory=default_hyperprior)
+    # Gains under 2 % are within a tok/s/GPU measurement's run-to-run noise (3 %, NOISE in
+    # model.py): not worth a GPU trial, and not what "the optimum was found" has to resolve.
+    improvement: float = 0.02
+    # The search stops when P(an untried configuration beats the best by more than
+    # `improvement`) falls below this; a confidence >= 1 - this is a claim the benchmark checks.
+    stop_probability: float = 0.05
+    # With nothing feasible measured, the configurations most likely to meet the SLO measured
+    # before concluding that none can: the prior itself may be what is wrong.
+    min_probes: int = 3
+    # An SLO margin under 5 % is within the run-to-run noise of a p95/p99 (NOISE: 6-9 %): such a
+    # finalist is measured twice before it is declared.
+    confirm_margin: float = 0.05
+    # Joint posterior draws per decision: P(some candidate beats the best) at 5 % has a Monte
+    # Carlo error of sqrt(0.05 * 0.95 / 768) = 0.8 %.
+    draws: int = 768
+    # Candidates whose marginal chance to beat the incumbent is below this are not drawn
+    # jointly (they keep their marginal probabilities); at least `joint_at_least` always are.
+    negligible: float = 1e-3
+    joint_at_least: int = 8
+    # A latency miss (or a tok/s/GPU floor miss) by more than 10 % rules out larger (smaller)
+    # batches of the same TP and precision. Not less: real pools are not perfectly monotonic (a
+    # batch size without a captured CUDA graph can be slower than the next larger one).
+    dominance_margin: float = 0.10
+    # Structural coverage (coverage.py): the model's relative error is never assumed below the
+    # disagreement between two calibrated stacks of the same software on the same
+    # configurations: TensorRT-LLM 0.5's and 1.x's factors rank the configurations of the
+    # benchmark's 12 scenarios differently by 0.41-0.66 (log, 5-95 % range; half: +-0.27),
+    # benchmarks/fit_hyperprior.py prints it.
+    coverage_floor: float = 0.27
+    # A measurement is physically implausible (plausibility.py) when its tok/s/GPU exceeds what
+    # streaming the weights once per decode step at the GPU's peak memory bandwidth allows by
+    # more than this factor (peak bandwidth is a datasheet ceiling; 10 % covers rounding of
+    # the datasheet and a throughput window's edges).
+    plausible_margin: float = 1.10
+    # A run whose responses averaged more than this share below the requested output length
+    # measured a shorter workload (the model stopped early, EOS): not evidence.
+    short_output: float = 0.05
+    # The first trials all failing with `error` (not OOM) means the set-up is broken (server
+    # not found, no checkpoint, no GPU): stop instead of burning the budget on the same failure.
+    abort_after_errors: int = 3
+    # The report's grouping of untried candidates (untried.py): "unlikely" below 5 %, a "real
+    # chance" the search did not reach from 1 %.
+    unlikely: float = 0.05
+    real_chance: float = 0.01
+
+    @property
+    def log_improvement(self) -> float:
+        return math.log1p(self.improvement)
