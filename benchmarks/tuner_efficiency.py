@@ -136,7 +136,7 @@ def run_world(
         confidence = report.confidence
         label = chosen.label() if chosen else "-"
         purposes = Counter(t.purpose for t in report.trials if t.executed)
-        why = " ".join(f"{k[:2]}{v}" for k, v in sorted(purposes.items()))
+        why = "".join(f"{k[0]}{k[2]}{v}" for k, v in sorted(purposes.items()))
         line = (f"{world.name:26} {world.family:13} s{world.seed} {sampler:6} "
                 f"trials {report.executed_trials:3} ({why:14}) {label:26} got {got:7.0f}{'' if ok else '!'} "
                 f"opt {truth.optimum:7.0f} strict {truth.strict:7.0f} "

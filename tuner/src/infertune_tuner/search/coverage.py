@@ -23,8 +23,8 @@ The target of a structure is its predicted best: of its candidates that could wi
 model predicts the most tok/s/GPU for. The structure is covered when the target was measured, or
 a configuration of the structure within a factor 4 of the target's batch was measured (validly)
 and either met every SLO bound or ran a batch no larger than the target's: a larger neighbour
-that missed says where the structure stops working, not how well it works below that. So each
-structure costs at most a measurement or two, however many precisions it holds.
+that missed says where the structure stops working, not how well it works below that. A
+structure gets at most `MAX_COVERS` coverage measurements, so each costs a trial or two.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ Dimension = Literal["tp", "quantization"]
 # A measurement of the structure within this factor of the target's batch covers it (one unit of
 # the posterior's batch feature: "quite different" starts beyond it).
 NEAR_LOG = math.log(4.0)
+# Coverage measurements per structure, at most: the first shows how the structure does near its
+# predicted best, a second where the first missed the SLO; below that the posterior decides.
+MAX_COVERS = 2
 
 
 @dataclass(frozen=True, order=True)
@@ -85,6 +88,7 @@ class CoverageInput:
     priors: Mapping[TrialConfig, Prediction]
     bounds: Sequence[tuple[str, SloBound, Callable[[Prediction], float]]]  # key, bound, predicted
     decode_bound: Callable[[TrialConfig], float]
+    covers: Sequence[TrialConfig] = ()  # configurations measured to cover a structure
 
 
 def model_error(residuals: Mapping[TrialConfig, float], floor: float) -> float:
@@ -132,6 +136,8 @@ def gaps(data: CoverageInput, *, floor: float, improvement: float) -> list[Gap]:
     for s in structures:
         if len({t.value for t in structures if t.dimension == s.dimension}) < 2:
             continue  # the only TP (quantization) of the space: nothing to compare it with
+        if sum(1 for c in data.covers if s.holds(c)) >= MAX_COVERS:
+            continue  # covered as far as the rule goes: the posterior judges the rest
         contenders = [
             c for c in data.candidates if s.holds(c) and could_win(c, data, floor, improvement)
         ]

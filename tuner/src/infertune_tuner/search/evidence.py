@@ -19,6 +19,7 @@ Rules that skip a configuration without running it (they cost no budget):
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from infertune_tuner import slo
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE
+from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, PERCENTILES
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
@@ -34,40 +35,43 @@ from infertune_tuner.result import SloCheck
 DOMINANCE_MARGIN = 0.10
 
 
-def _worse(ps: list[Percentiles]) -> Percentiles:
-    return Percentiles(max(p.p50 for p in ps), max(p.p95 for p in ps), max(p.p99 for p in ps))
+def _typical(ps: list[Percentiles]) -> Percentiles:
+    """Each percentile's geometric mean over runs (latency noise is multiplicative)."""
+    return Percentiles(*(math.exp(statistics.fmean(math.log(max(p.get(q), 1e-9)) for p in ps))
+                         for q in PERCENTILES))  # fmt: skip
 
 
-def combine(runs: list[Measurement]) -> tuple[Measurement, Measurement]:
-    """(aggregate, worst) of a configuration's repeats.
+def combine(runs: list[Measurement]) -> Measurement:
+    """What a configuration's repeats say together: its typical run.
 
-    aggregate: mean tok/s/GPU and the worse latency of each percentile (what the report shows);
-    worst: the same latencies with the lowest tok/s/GPU (what the SLO is checked against)."""
+    The mean tok/s/GPU and, per latency percentile, the geometric mean over the repeats: the
+    estimate of what a typical run shows, which is what production sees and what the SLO is
+    checked against (a repeat that misses a bound while another meets it is noise around that
+    estimate; the planner measures such a configuration a third time). An out-of-memory in any
+    repeat makes the configuration out of memory (production must not OOM now and then); runs
+    that were not valid measurements are left out while a valid one exists."""
     if len(runs) == 1:
-        return runs[0], runs[0]
+        return runs[0]
     failed = [m for m in runs if m.status == "oom"]
     ok = [m for m in runs if m.status == "ok"]
     if failed or not ok:
-        m = failed[-1] if failed else runs[-1]
-        return m, m
+        return failed[-1] if failed else runs[-1]
     lat = {
-        x.key: _worse([p for m in ok if (p := m.percentiles(x.key)) is not None])
+        x.key: _typical([p for m in ok if (p := m.percentiles(x.key)) is not None])
         for x in LATENCY_METRICS
         if all(m.percentiles(x.key) is not None for m in ok)
     }
-    tps = [m.output_tokens_per_s_per_gpu or 0.0 for m in ok]
     seen = [m.concurrency for m in ok if m.concurrency is not None]
-    common = {
-        "concurrency": min(seen) if len(seen) == len(ok) else None,
-        "status": "ok",
-        **lat,
-        "requests": sum(m.requests for m in ok),
-        "errors": sum(m.errors for m in ok),
-        "duration_s": sum(m.duration_s for m in ok),
-    }
-    return (
-        Measurement(output_tokens_per_s_per_gpu=statistics.fmean(tps), **common),  # type: ignore[arg-type]
-        Measurement(output_tokens_per_s_per_gpu=min(tps), **common),  # type: ignore[arg-type]
+    return Measurement(
+        status="ok",
+        **lat,  # type: ignore[arg-type]
+        output_tokens_per_s_per_gpu=statistics.fmean(
+            m.output_tokens_per_s_per_gpu or 0.0 for m in ok
+        ),
+        requests=sum(m.requests for m in ok),
+        errors=sum(m.errors for m in ok),
+        duration_s=sum(m.duration_s for m in ok),
+        concurrency=min(seen) if len(seen) == len(ok) else None,
     )
 
 
@@ -79,6 +83,7 @@ class Known:
     measured: dict[TrialConfig, Measurement] = field(default_factory=dict)
     checks: dict[TrialConfig, list[SloCheck]] = field(default_factory=dict)
     in_flight: set[TrialConfig] = field(default_factory=set)
+    covers: list[TrialConfig] = field(default_factory=list)  # measured to cover a structure
 
     @classmethod
     def build(
@@ -86,12 +91,13 @@ class Known:
         request: TuningRequest,
         runs: dict[TrialConfig, list[Measurement]],
         in_flight: set[TrialConfig] | None = None,
+        covers: list[TrialConfig] | None = None,
     ) -> Known:
-        known = cls(runs=runs, in_flight=set(in_flight or ()))
+        known = cls(runs=runs, in_flight=set(in_flight or ()), covers=list(covers or ()))
         for cfg, ms in runs.items():
-            aggregate, worst = combine(ms)
-            known.measured[cfg] = aggregate
-            known.checks[cfg] = slo.check(request, worst)
+            typical = combine(ms)
+            known.measured[cfg] = typical
+            known.checks[cfg] = slo.check(request, typical)
         return known
 
     @property

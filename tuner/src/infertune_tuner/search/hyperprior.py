@@ -147,7 +147,7 @@ class Hyperprior:
                 KindPrior(
                     ln(v["sigma_global"]), ln(v["sigma_local"]), tuple(ln(x) for x in v["lengths"])
                 ),
-            )  # fmt: skip
+            )
             for k, v in data["kinds"].items()
         )
         worlds = tuple((str(f), int(n)) for f, n in data.get("worlds", {}).items())

@@ -27,6 +27,7 @@ from typing import Literal
 
 import numpy as np
 
+from infertune_tuner import slo
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
@@ -181,6 +182,7 @@ class Planner:
                 for k, b in zip(self.keys, self.request.slo, strict=True)
             ],
             decode_bound=lambda c: decode_bound(model, gpu, c),
+            covers=known.covers,
         )
         return gaps(data, floor=self.settings.coverage_floor, improvement=IMPROVEMENT)
 
@@ -359,6 +361,24 @@ class Planner:
             ]
             if margins and min(margins) < CONFIRM_MARGIN:
                 out.append(cfg)
+        out += [c for c in self._straddling(known, a) if c not in out]
+        return out
+
+    def _straddling(self, known: Known, a: Assessment) -> list[TrialConfig]:
+        """Contenders measured twice whose repeats disagree on an SLO bound (one met it, one
+        missed): a third measurement decides which side their typical run is on."""
+        out = []
+        for cfg, runs in known.runs.items():
+            ok = [m for m in runs if m.status == "ok"]
+            if len(runs) != 2 or len(ok) != 2 or cfg in known.in_flight:
+                continue
+            if (known.measured[cfg].output_tokens_per_s_per_gpu or 0.0) * (
+                1 + IMPROVEMENT
+            ) < a.best_tps:
+                continue
+            verdicts = {all(c.ok for c in slo.check(self.request, m)) for m in ok}
+            if len(verdicts) == 2:
+                out.append(cfg)
         return out
 
     def decide(self, known: Known, *, remaining: int | None = None) -> Decision:
@@ -380,9 +400,16 @@ class Planner:
         conf = a.confidence
         confirm = self._confirmations(known, a)
         n_cands = len(a.candidates)
-        explore = a.p_untried >= STOP_PROBABILITY and n_cands > 0 and a.gain[:n_cands].max() > 0
+        worth = self.settings.min_expected_gain * a.best_tps
+        explore = a.p_untried >= STOP_PROBABILITY and n_cands > 0 and a.gain[:n_cands].max() > worth
         if confirm and remaining == 1:
             return Decision(confirm[0], "confirm", confidence=conf)
+        early = self.settings.confirm_incumbent_after
+        if (explore and early and a.best is not None and known.executed >= early
+                and known.repeats(a.best) < 2 and a.best not in known.in_flight):  # fmt: skip
+            # Exploration measures against the incumbent: a lucky first run of it would send the
+            # search after configurations that beat noise. Its second run comes first.
+            return Decision(a.best, "confirm", confidence=conf)
         if explore:
             i = int(np.argmax(a.gain[:n_cands]))
             return Decision(a.candidates[i], "explore", confidence=conf)

@@ -135,6 +135,9 @@ def known_from(
     """What the study knows: every current measurement and the configurations in flight."""
     trials = study.get_trials(deepcopy=False)  # one read of the storage
     runs: dict[TrialConfig, list[Measurement]] = {}
+    covers = []
     for e in current_trials(study, run, extra, trials):
         runs.setdefault(e.config, []).append(e.measurement)
-    return Known.build(request, runs, claimed(trials, extra.number if extra else None))
+        if e.purpose == "cover":
+            covers.append(e.config)
+    return Known.build(request, runs, claimed(trials, extra.number if extra else None), covers)

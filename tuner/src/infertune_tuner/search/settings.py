@@ -24,6 +24,12 @@ class SearchSettings:
     # The search stops when P(an untried configuration beats the best by more than
     # `improvement`) falls below this; a confidence >= 1 - this is a claim the benchmark checks.
     stop_probability: float = 0.05
+    # Once this many trials ran, a new incumbent is measured a second time before exploration goes
+    # on (0: only when the search is about to stop).
+    confirm_incumbent_after: int = 4
+    # A candidate is worth a trial when its expected gain over the incumbent is at least this
+    # share of the incumbent's tok/s/GPU.
+    min_expected_gain: float = 0.0
     # With nothing feasible measured, the configurations most likely to meet the SLO measured
     # before concluding that none can: the prior itself may be what is wrong.
     min_probes: int = 3
