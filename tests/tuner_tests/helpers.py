@@ -54,6 +54,7 @@ class CountingBackend:
     def __init__(self, inner, fail_after: int | None = None) -> None:  # type: ignore[no-untyped-def]
         self.inner = inner
         self.name = inner.name
+        self.speedup = inner.speedup
         self.calls: list[TrialConfig] = []
         self.repeats: list[int] = []
         self.fail_after = fail_after

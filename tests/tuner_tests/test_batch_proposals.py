@@ -8,7 +8,8 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.run import prior_predictions
 from infertune_tuner.search.belief import BELIEVED
 from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.planner import IMPROVEMENT, Planner
+from infertune_tuner.search.planner import Planner
+from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import build_space
 
 from .helpers import request
@@ -38,7 +39,7 @@ def test_a_proposal_beside_a_trial_in_flight_must_be_able_to_beat_it() -> None:
     assert second != first
     # The trial in flight is believed feasible at its predicted tok/s/GPU: it is the incumbent
     # the second worker must beat, so it does not spend a GPU set on a slower neighbour.
-    assert tps[second] > tps[first] * (1 + IMPROVEMENT)
+    assert tps[second] > tps[first] * (1 + SearchSettings().improvement)
 
 
 def test_four_workers_propose_four_distinct_configurations() -> None:

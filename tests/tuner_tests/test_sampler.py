@@ -10,12 +10,13 @@ from optuna.trial import TrialState
 
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.search.samplers import (
-    STOP_REASON,
     BudgetCallback,
     SkipRuledOut,
     config_of,
     make_base_sampler,
+    stopped,
 )
+from infertune_tuner.stop import StopKind, StopReason
 
 DISTS = {
     "tp": CategoricalDistribution([1, 2, 4]),
@@ -65,7 +66,7 @@ def test_the_budget_callback_counts_what_counts_and_records_why_it_stopped() -> 
     executed = lambda s: len(s.get_trials(states=(TrialState.COMPLETE,)))  # noqa: E731
     study.optimize(_objective, n_trials=100, callbacks=[BudgetCallback(5, executed)])
     assert len(study.trials) == 5
-    assert study.user_attrs[STOP_REASON] == "budget: maxTrials (5) executed"
+    assert stopped(study) == StopReason(StopKind.BUDGET, "maxTrials (5) executed")
 
 
 def test_a_parameter_with_one_choice_still_counts_in_a_relative_proposal() -> None:

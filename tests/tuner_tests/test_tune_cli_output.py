@@ -57,6 +57,10 @@ def test_the_progress_ends_with_why_the_search_stopped(tmp_path: Path, cli: CliR
     text = " ".join(result.stderr.split())  # rich wraps long lines
     ending = text[text.rfind("tuning:") :]
     assert re.fullmatch(r"tuning: \d+ trials executed; converged: .*", ending)
+    # The summary says what the planner spent its trials on, and the report too.
+    plan = re.search(r"trials executed \((\d+) explore(, \d+ cover)?, (\d+) confirm\)", result.stdout)
+    assert plan, result.stdout
+    assert f"Trials by purpose: {plan.group(1)} explore" in (tmp_path / "report.md").read_text()
 
 
 def test_the_progress_shows_the_phase_of_a_long_trial_and_its_elapsed_time() -> None:

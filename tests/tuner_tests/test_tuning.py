@@ -11,9 +11,10 @@ from infertune_tuner.backends.replay import ReplayBackend, write_table
 from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
-from infertune_tuner.run import INTERRUPTED, prior_predictions, tune, write_report
+from infertune_tuner.run import prior_predictions, tune, write_report
 from infertune_tuner.search.memory_fit import memory_margin, ruled_out
 from infertune_tuner.space import build_space
+from infertune_tuner.stop import INTERRUPTED, StopKind
 
 from .helpers import CountingBackend, request
 
@@ -84,7 +85,8 @@ def test_resume_after_interruption_repeats_no_trial(tmp_path: Path) -> None:
     req = request(sampler="random", max_trials=10, seed=5)
     first = CountingBackend(SimulatedBackend(req, seed=5), fail_after=4)
     interrupted = tune(req, backend=first, out_dir=tmp_path)  # Ctrl-C during the 5th trial
-    assert interrupted.stopped_reason == INTERRUPTED
+    assert interrupted.stop == StopKind.INTERRUPTED
+    assert interrupted.stopped_reason == str(INTERRUPTED)
     assert interrupted.executed_trials == 4  # the report of the trials done
     assert len(first.calls) == 4
     second = CountingBackend(SimulatedBackend(req, seed=5))
@@ -179,6 +181,7 @@ class _BrokenThenFixed:
     """A backend whose set-up is broken (every trial errors) until `fixed` is set."""
 
     name = "flaky"
+    speedup = 1.0
 
     def __init__(self, inner: SimulatedBackend) -> None:
         self.inner = inner
@@ -202,7 +205,7 @@ def test_broken_setup_aborts_early_and_a_fixed_rerun_retries(tmp_path: Path) -> 
     backend = _BrokenThenFixed(SimulatedBackend(req, seed=0))
     report = tune(req, backend=backend, out_dir=tmp_path)
     assert report.best is None
-    assert report.stopped_reason.startswith("aborted")
+    assert report.stop == StopKind.ABORTED
     assert "cannot start" in report.stopped_reason
     assert len(backend.calls) == 3, "stops after the first three errors, not at the budget"
     backend.fixed = True

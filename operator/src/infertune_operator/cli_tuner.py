@@ -90,8 +90,9 @@ def tune(
     from infertune_operator.api.to_request import to_request
     from infertune_operator.cli_progress import TuneProgress
     from infertune_tuner.report.view import build_view
-    from infertune_tuner.run import INTERRUPTED, write_report
     from infertune_tuner.run import tune as run_tune
+    from infertune_tuner.run import write_report
+    from infertune_tuner.stop import StopKind
     from infertune_tuner.storage import mask_url
 
     exit_on_sigterm()
@@ -136,17 +137,19 @@ def tune(
         shown.finish(None)
         typer.echo("worker done; the last worker of the shared study writes the report")
         return
-    typer.echo(build_view(report).verdict)
+    view = build_view(report)
+    typer.echo(view.verdict)
     resumed = (
         f", {report.resumed_trials} of them by an earlier run" if report.resumed_trials else ""
     )
     typer.echo(
-        f"{report.executed_trials} trials executed{resumed} ({report.stopped_reason}); "
+        f"{report.executed_trials} trials executed{resumed}"
+        f"{f' ({view.plan})' if view.plan else ''}; stopped: {report.stopped_reason}; "
         f"report: {', '.join(str(p) for p in paths)}"
     )
-    if report.stopped_reason == INTERRUPTED:
+    if report.stop == StopKind.INTERRUPTED:
         raise typer.Exit(EXIT_INTERRUPTED)
-    if report.best is None and report.stopped_reason.startswith("aborted"):
+    if report.best is None and report.stop == StopKind.ABORTED:
         raise InputError(report.stopped_reason, exit_code=EXIT_TRIALS_FAILED)
     if report.best is None:
         for nm in report.nearest_misses:

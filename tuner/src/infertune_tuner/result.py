@@ -16,9 +16,11 @@ from infertune_tuner.perfmodel.factors import DEFAULT_STACK
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.schema import Record, with_fields
+from infertune_tuner.stop import StopKind
 
 REPORT_SCHEMA = "infertune.report/v1"
-TrialState = Literal["complete", "infeasible_predicted", "oom", "failed"]
+# invalid: measured, but physically implausible or a shorter workload (search/plausibility.py)
+TrialState = Literal["complete", "infeasible_predicted", "oom", "failed", "invalid"]
 
 
 class ConfigOut(Record):
@@ -113,7 +115,8 @@ class Trial(Record):
     reason: str | None = None
     slo_checks: list[SloCheck] = Field(default_factory=list)
     duration_s: float | None = None
-    purpose: str | None = None  # explore | probe | confirm (a re-measurement of a finalist)
+    # probe | explore | cover | confirm (report/view.py PURPOSES says what each means)
+    purpose: str | None = None
 
 
 class Best(Record):
@@ -178,6 +181,8 @@ class Report(Record):
     executed_trials: int
     resumed_trials: int = 0  # of the executed ones, how many an earlier run left in the study
     nearest_misses: list[NearMiss] = Field(default_factory=list)
+    # Why the search stopped: its kind (what programs read) and the sentence (what people read).
+    stop: StopKind | None = None
     stopped_reason: str
     # Posterior probability that no untried configuration beats the best by more than 2 %.
     confidence: float | None = None

@@ -37,21 +37,22 @@ from infertune_tuner.result import (
     Report,
     SloCheck,
     Trial,
+    TrialState,
 )
+from infertune_tuner.search.classify import Exclusion
 from infertune_tuner.search.driver import Search, SearchOutcome, study_name
-from infertune_tuner.search.evidence import Known, implied_infeasible
-from infertune_tuner.search.memory_fit import ruled_out
+from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.records import current_trials, executed_trials, known_from
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.search.untried import untried_groups
 from infertune_tuner.space import SearchSpace, build_space
+from infertune_tuner.stop import INTERRUPTED, StopKind, StopReason
 from infertune_tuner.storage import ClaimLock, mask_url, open_storage
 
 log = logging.getLogger(__name__)
 REPORTED = "reported_at"  # study attribute: the executed trials when the report was written
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
-INTERRUPTED = "interrupted: stopped by Ctrl-C (SIGINT); re-run to resume the study"
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,9 @@ def _metrics(m: Measurement) -> Metrics | None:
     )
 
 
-def _state(m: Measurement) -> str:
-    return {"ok": "complete", "oom": "oom"}.get(m.status, "failed")
+def _state(m: Measurement) -> TrialState:
+    states: dict[str, TrialState] = {"ok": "complete", "oom": "oom", "invalid": "invalid"}
+    return states.get(m.status, "failed")
 
 
 def _noise(runs: list[Measurement], request: TuningRequest) -> dict[str, float]:
@@ -108,7 +110,7 @@ def build_report(
     study: optuna.Study,
     *,
     backend: str,
-    stopped_reason: str,
+    stop: StopReason,
     duration_s: float,
     run: str | None = None,
     planner: Planner | None = None,
@@ -144,13 +146,9 @@ def build_report(
         if cfg in known.measured:
             continue
         p = priors[cfg]
-        reason: str | None
-        if ruled_out(planner.margin[cfg]):
-            reason = p.memory.reason or "does not fit in GPU memory"
-        else:
-            reason = implied_infeasible(cfg, known)
-        if reason is None:
-            continue  # a candidate the search did not need: see the untried groups
+        ruling = planner.ruling(cfg, known)
+        if ruling is None or ruling.exclusion == Exclusion.TWIN:
+            continue  # a candidate the search did not need, or covered: see the untried groups
         trials.append(
             Trial(
                 number=number,
@@ -158,7 +156,7 @@ def build_report(
                 state="infeasible_predicted",
                 executed=False,
                 predicted=Predicted.of(p),
-                reason=reason,
+                reason=ruling.text(),
             )
         )
         number += 1
@@ -192,7 +190,7 @@ def build_report(
                     violations=slo.describe_violations(known.checks[cfg]),
                 )
             )
-    converged = stopped_reason.startswith("converged")
+    converged = stop.kind == StopKind.CONVERGED
     dumped = request.dump()
     if request.tuning.storage:  # a report never shows the password of the study's database
         dumped["tuning"]["storage"] = mask_url(request.tuning.storage)
@@ -207,7 +205,8 @@ def build_report(
         executed_trials=len(executed),
         resumed_trials=resumed,
         nearest_misses=misses,
-        stopped_reason=stopped_reason,
+        stop=stop.kind,
+        stopped_reason=str(stop),
         confidence=round(assessment.confidence, 4),
         untried=untried_groups(planner, known, assessment, converged=converged),
         duration_s=round(duration_s, 3),
@@ -326,7 +325,7 @@ def tune(
             return None
         return build_report(
             request, space, priors, outcome.study, backend=backend_name,
-            stopped_reason=outcome.stopped_reason, duration_s=time.monotonic() - started,
+            stop=outcome.stop, duration_s=time.monotonic() - started,
             run=search.scope, planner=search.planner,
         )  # fmt: skip
     finally:

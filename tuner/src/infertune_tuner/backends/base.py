@@ -21,6 +21,10 @@ OnPhase = Callable[[TrialConfig, TrialPhase], None]
 @runtime_checkable
 class BenchmarkBackend(Protocol):
     name: str
+    # How many times faster than the modelled GPU this backend's clock runs: 1.0 for a real
+    # server and for modelled numbers; 1 / time scale for a time-scaled simulated server (0.02
+    # runs 50x faster). The plausibility guard scales its bound by it (search/plausibility.py).
+    speedup: float
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         """Deploy `config`, drive the workload at concurrency = max batch, measure, tear down.

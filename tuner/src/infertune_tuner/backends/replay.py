@@ -8,7 +8,9 @@ metric of ``metrics.LATENCY_METRICS``):
 `status` is ok, oom or error. A configuration absent from the table is a failed trial
 ("not in table"). Every replayed row counts as an executed trial. An optional `concurrency`
 column holds the most requests seen decoding at once (below max_batch_size when the KV cache
-capped it).
+capped it); an optional `output_tokens_mean` column the mean output length of the responses (a
+row well short of the requested length is judged invalid by the search: see
+search/plausibility.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ METRIC_COLUMNS = (
     OBJECTIVE.key,
 )
 COLUMNS = ("tp", "max_batch_size", "quantization", "kv_cache_dtype", "status", *METRIC_COLUMNS)
+OUTPUT_MEAN = "output_tokens_mean"  # optional, as "concurrency"
 
 
 class _Cells:
@@ -149,15 +152,18 @@ def _row(row: _Cells) -> tuple[TrialConfig, Measurement]:
     if status != "ok":
         return cfg, Measurement.failed(status, f"recorded as {status} in {row.path.name}")  # type: ignore[arg-type]
     concurrency = row.number("concurrency") if row.text("concurrency") else None
+    mean = row.number(OUTPUT_MEAN) if row.text(OUTPUT_MEAN) else None
     return cfg, Measurement.ok(
         {x.key: row.percentiles(x) for x in LATENCY_METRICS},
         output_tokens_per_s_per_gpu=row.number(OBJECTIVE.key),
         concurrency=concurrency,
+        output_tokens_mean=mean,
     )
 
 
 class ReplayBackend:
     name = "replay"
+    speedup = 1.0
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -178,13 +184,14 @@ def write_table(path: Path, rows: dict[TrialConfig, Measurement]) -> None:
     """Write measurements in the replay format (used to record simulated or real runs)."""
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow([*COLUMNS, "concurrency"])
+        w.writerow([*COLUMNS, "concurrency", OUTPUT_MEAN])
         for cfg, m in rows.items():
             base = [cfg.tp, cfg.max_batch_size, cfg.quantization, cfg.kv_cache_dtype, m.status]
             measured = [m.percentiles(x.key) for x in LATENCY_METRICS]
             if m.status == "ok" and all(measured):
                 vals = [round(pct.get(p), 3) for pct in measured if pct for p in PERCENTILES]
                 tps = round(m.output_tokens_per_s_per_gpu or 0.0, 3)
-                w.writerow([*base, *vals, tps, "" if m.concurrency is None else m.concurrency])
+                optional = [m.concurrency, m.output_tokens_mean]
+                w.writerow([*base, *vals, tps, *("" if v is None else v for v in optional)])
             else:
-                w.writerow(base + [""] * (len(METRIC_COLUMNS) + 1))
+                w.writerow(base + [""] * (len(METRIC_COLUMNS) + 2))

@@ -91,6 +91,7 @@ def _rng(seed: int, cfg: TrialConfig, repeat: int = 0) -> random.Random:
 
 class SimulatedBackend:
     name = "simulated"
+    speedup = 1.0
 
     def __init__(
         self,

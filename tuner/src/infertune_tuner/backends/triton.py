@@ -104,6 +104,7 @@ class TritonBackend:
             raise InputError("requests per trial must be at least 1")
         self.request = request
         self.runtime = runtime if runtime is not None else TritonRuntime.from_env()
+        self.speedup = 1.0 / self.runtime.time_scale
         self.server_command = server_command
         self.startup_timeout_s = (
             startup_timeout_s

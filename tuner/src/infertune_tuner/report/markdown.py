@@ -26,6 +26,8 @@ def _row(t: Trial) -> str:
         reason = "; ".join(c.bound for c in t.slo_checks if not c.ok) + " missed"
     if t.purpose == "confirm":
         reason = ("re-measured; " + reason).rstrip("; ")
+    elif t.purpose == "cover":
+        reason = ("covers its TP size / quantization; " + reason).rstrip("; ")
     return (
         f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} | {p95s} "
         f"| {reason} |"
@@ -60,6 +62,7 @@ def render_markdown(report: Report) -> str:
         f"- Backend `{report.backend}`, sampler `{report.sampler}`: {report.executed_trials} trials "
         f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials})",
         f"- Prior: performance model with the `{report.prior_stack}` stack factors",
+        *([f"- Trials by purpose: {v.plan}"] if v.plan else []),
         f"- Stopped: {report.stopped_reason}",
         *(
             [

@@ -26,6 +26,7 @@ class View:
     binding: SloBound
     points: list[Point]
     verdict: str
+    plan: str  # why the executed trials ran, e.g. "6 explore, 2 cover, 2 confirm"
 
     @property
     def axis_label(self) -> str:
@@ -60,6 +61,23 @@ def pareto(points: list[tuple[float, float]]) -> list[bool]:
     return out
 
 
+PURPOSES = {
+    "probe": "probe (most likely to meet the SLO while nothing had)",
+    "explore": "explore (the largest expected gain)",
+    "cover": "cover (a TP size or quantization the model could be wrong about)",
+    "confirm": "confirm (a finalist measured again)",
+}
+
+
+def plan(report: Report) -> str:
+    """How many executed trials the planner spent on each purpose (in PURPOSES order)."""
+    counts = {k: 0 for k in PURPOSES}
+    for t in report.trials:
+        if t.executed and t.purpose in counts:
+            counts[t.purpose] += 1
+    return ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+
+
 def build_view(report: Report) -> View:
     request = report.parsed_request()
     b = binding_bound(report, request)
@@ -82,7 +100,7 @@ def build_view(report: Report) -> View:
         )
     else:
         verdict = "No configuration met the SLO."
-    return View(report, request, b, points, verdict)
+    return View(report, request, b, points, verdict, plan(report))
 
 
 def error_pct(predicted: float | None, measured: float | None) -> str:

@@ -69,6 +69,12 @@ class ServingRuntime(Protocol):
         """ "triton" or "simulated"."""
         ...
 
+    @property
+    def time_scale(self) -> float:
+        """How long the server's modelled durations take relative to the GPU's (1.0 real; 0.02:
+        a simulated server running 50x faster)."""
+        ...
+
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Repository-relative path -> text of the rendered model repository."""
         ...

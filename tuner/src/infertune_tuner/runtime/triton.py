@@ -231,6 +231,11 @@ class TritonRuntime:
     launcher: str = LAUNCHER
     llmapi_model_dir: str = LLMAPI_MODEL_DIR
 
+    @property
+    def time_scale(self) -> float:
+        """A real server runs on the GPU's own clock."""
+        return 1.0
+
     @classmethod
     def from_env(cls) -> TritonRuntime:
         """Local trials: INFERTUNE_TRITON_LAUNCHER and INFERTUNE_LLMAPI_MODEL_DIR point at the

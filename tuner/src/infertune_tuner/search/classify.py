@@ -83,6 +83,8 @@ def implied(cfg: TrialConfig, known: Known, dominance_margin: float) -> Ruling |
     twin), or None."""
     dims = memory_dims(cfg)
     for other, m in known.measured.items():
+        if m.status == "invalid":
+            continue
         larger = all(a >= b for a, b in zip(dims, memory_dims(other), strict=True))
         if m.status == "oom" and larger:
             return Ruling(Exclusion.OUT_OF_MEMORY, other)

@@ -46,8 +46,7 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
-from infertune_tuner.search.evidence import Known, implied_infeasible
-from infertune_tuner.search.memory_fit import ruled_out
+from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.plausibility import judged
 from infertune_tuner.search.records import (
@@ -62,25 +61,22 @@ from infertune_tuner.search.records import (
     measurement_to_attr,
 )
 from infertune_tuner.search.samplers import (
-    STOP_REASON,
     AutoSampler,
     BudgetCallback,
     SkipRuledOut,
     config_of,
     make_base_sampler,
     stop,
+    stopped,
 )
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace
+from infertune_tuner.stop import STOP_ATTR, TIMEOUT, StopKind, StopReason, aborted, budget
 from infertune_tuner.storage import ClaimLock, fail_stale
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are reported by the tuner itself
 
-# The first trials all failing with `error` (not OOM) means the set-up is broken (server not
-# found, no checkpoint, no GPU): stop instead of burning the whole budget on the same failure.
-ABORT_AFTER_ERRORS = 3
-ABORTED = "aborted"
 POLL_S = 0.25  # how often a waiting worker looks at the study again
 Claim = Callable[[], AbstractContextManager[None]]
 
@@ -118,7 +114,7 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
 
 @dataclass
 class SearchOutcome:
-    stopped_reason: str
+    stop: StopReason
     study: Study
     confidence: float | None
 
@@ -179,14 +175,7 @@ class Search:
         )
         if self._admissible is not None and self._admissible[0] == state:
             return self._admissible[1]
-        allowed = {
-            c
-            for c in self.space.configs
-            if not ruled_out(self.planner.margin[c])
-            and c not in known.measured
-            and c not in known.in_flight
-            and implied_infeasible(c, known) is None
-        }
+        allowed = {c for c in self.space.configs if self.planner.ruling(c, known) is None}
         self._admissible = (state, allowed)
         return allowed
 
@@ -213,11 +202,12 @@ class Search:
 
     # -- one trial
 
-    def _skip(self, trial: optuna.Trial, what: str, why: str, *, done: bool) -> None:
+    def _skip(self, trial: optuna.Trial, what: str, why: str | StopReason) -> None:
+        """Prune `trial` (it measures nothing) for `why`; a StopReason also stops the study."""
         trial.set_user_attr(ATTR_SKIP, f"{what}: {why}")
-        if done:
+        if isinstance(why, StopReason):
             stop(self.study, why)
-        raise optuna.TrialPruned(why)
+        raise optuna.TrialPruned(str(why))
 
     def _record(self, trial: optuna.Trial, m: Measurement) -> list[SloCheck]:
         checks = slo.check(self.request, m)
@@ -242,28 +232,33 @@ class Search:
             cfg = config_of(retried)
             self._suggest(trial)  # the retried trial keeps its parameters
             if ATTR_MEASUREMENT in trial.user_attrs:  # its worker died after measuring it
-                self._skip(trial, cfg.label(), "measured before its worker died", done=False)
+                self._skip(trial, cfg.label(), "measured before its worker died")
         elif self.auto is not None:
             decision = self.auto.decision_for(self.study, trial.number)
-            if decision.config is None and decision.stop_reason is None:
+            if decision.config is None and decision.stop is None:
                 self.auto.forget(trial.number)
                 raise _Wait
             cfg = self._suggest(trial)
             self.auto.forget(trial.number)
             if decision.config != cfg:
-                self._skip(trial, cfg.label(), decision.stop_reason or "nothing to measure now",
-                           done=True)  # fmt: skip
+                why = decision.stop or StopReason(StopKind.EXHAUSTED, "nothing to measure now")
+                self._skip(trial, cfg.label(), why)
             purpose = decision.purpose
         else:
             cfg = self._suggest(trial)
+            if not self.admissible(self.study):  # a wrapped sampler has nothing left to propose
+                exhausted = StopReason(
+                    StopKind.EXHAUSTED,
+                    "every configuration was measured, is being measured, or is ruled out",
+                )
+                self._skip(trial, cfg.label(), exhausted)
         known = self.known(self.study, None)
         if retried is not None:
             known.in_flight.discard(cfg)  # its own claim
         if known.executed + len(known.in_flight) >= self.max_trials:
-            self._skip(trial, cfg.label(), f"budget: maxTrials ({self.max_trials}) executed",
-                       done=True)  # fmt: skip
+            self._skip(trial, cfg.label(), budget(self.max_trials))
         if retried is None and cfg in known.in_flight:
-            self._skip(trial, cfg.label(), "being measured by another worker", done=False)
+            self._skip(trial, cfg.label(), "being measured by another worker")
         trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
         trial.set_user_attr(ATTR_RUN, self.run_id)
         trial.set_user_attr(ATTR_PURPOSE, purpose)
@@ -285,12 +280,12 @@ class Search:
     def _wait(self, trial: optuna.Trial) -> None:
         time.sleep(POLL_S)
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            self._skip(trial, "wait", "timeout: spec.tuning.timeoutMinutes reached", done=True)
+            self._skip(trial, "wait", TIMEOUT)
         if self.shared:
             fail_stale(self.study)
         if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             # A dead worker's trial waits to be re-run: give way so this worker picks it up.
-            self._skip(trial, "wait", "a failed worker's trial is waiting", done=False)
+            self._skip(trial, "wait", "a failed worker's trial is waiting")
 
     def _objective(
         self, backends: queue.Queue[BenchmarkBackend]
@@ -309,7 +304,8 @@ class Search:
             s = self.planner.settings
             m = judged(m, cfg, model=self.request.resolve_model(), gpu=self.request.resolve_gpu(),
                        output_tokens=self.request.workload.output_tokens,
-                       margin=s.plausible_margin, short_output=s.short_output)  # fmt: skip
+                       margin=s.plausible_margin, short_output=s.short_output,
+                       speedup=backend.speedup)  # fmt: skip
             checks = self._record(trial, m)
             if self.on_trial is not None:
                 known = self.known(self.study)
@@ -327,9 +323,10 @@ class Search:
 
     def _abort_on_errors(self, study: Study, trial: FrozenTrial) -> None:
         statuses = [m.status for m in self.known(study).measured.values()]
-        if len(statuses) >= ABORT_AFTER_ERRORS and all(s == "error" for s in statuses):
+        after = self.planner.settings.abort_after_errors
+        if len(statuses) >= after and all(s == "error" for s in statuses):
             last = trial.user_attrs.get(ATTR_MEASUREMENT, {}).get("reason")
-            stop(study, f"{ABORTED}: the first {len(statuses)} trials all failed; last: {last}")
+            stop(study, aborted(len(statuses), last))
 
     def run(self, backends: list[BenchmarkBackend]) -> SearchOutcome:
         pool: queue.Queue[BenchmarkBackend] = queue.Queue()
@@ -338,7 +335,7 @@ class Search:
         first = self._first_check()
         if first is None:
             timeout = None if self.deadline is None else max(self.deadline - time.monotonic(), 0)
-            self._clear_stop_reason()
+            self._clear_stop()
             self.study.optimize(
                 self._objective(pool),
                 n_jobs=len(backends),
@@ -346,31 +343,31 @@ class Search:
                 callbacks=[BudgetCallback(self.max_trials, self._count), self._abort_on_errors],
                 timeout=timeout,
             )
-        reason = first or self.study.user_attrs.get(STOP_REASON) or self._timeout_or_budget()
+        reason = first or stopped(self.study) or self._timeout_or_budget()
         confidence = self.planner.assess(self.known(self.study)).confidence
         return SearchOutcome(reason, self.study, confidence)
 
     def _count(self, study: Study) -> int:
         return self.known(study).executed
 
-    def _first_check(self) -> str | None:
+    def _first_check(self) -> StopReason | None:
         """A reason not to start at all (budget spent, or nothing left to do on resume)."""
         known = self.known(self.study)
         if known.executed >= self.max_trials:
-            return f"budget: maxTrials ({self.max_trials}) executed"
+            return budget(self.max_trials)
         if self.auto is not None and known.executed:
             d = self.planner.decide(known, remaining=self.max_trials - known.executed)
-            return d.stop_reason
+            return d.stop
         return None
 
-    def _clear_stop_reason(self) -> None:
+    def _clear_stop(self) -> None:
         # A re-run after a stop decides afresh (a bigger budget, a fixed set-up); a worker
         # joining others at work leaves their answer alone.
         with self.lock():
-            if self.study.user_attrs.get(STOP_REASON) is not None and not self.others_running():
-                self.study.set_user_attr(STOP_REASON, None)
+            if stopped(self.study) is not None and not self.others_running():
+                self.study.set_user_attr(STOP_ATTR, None)
 
-    def _timeout_or_budget(self) -> str:
+    def _timeout_or_budget(self) -> StopReason:
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            return "timeout: spec.tuning.timeoutMinutes reached"
-        return f"budget: maxTrials ({self.max_trials}) executed"
+            return TIMEOUT
+        return budget(self.max_trials)

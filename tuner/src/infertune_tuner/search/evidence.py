@@ -1,20 +1,13 @@
-"""What the study knows: every measurement per configuration, and what the measurements rule out.
+"""What the study knows: every measurement per configuration, combined into its typical run.
 
-A configuration may be measured more than once (the winner is confirmed before it is declared).
-Its repeats combine conservatively: the SLO is checked against the *worse* repeat of every
-bound, the objective is the *mean* tok/s/GPU, and an out-of-memory in any repeat makes the
-configuration out of memory (production must not OOM now and then).
+A configuration may be measured more than once (finalists are confirmed before one is declared;
+a contender whose repeats straddle an SLO bound is measured a third time). Repeats are new
+measurements of one distribution and combine into the *typical* run (`combine`): the mean
+tok/s/GPU and the geometric mean of each latency percentile. An out-of-memory in any repeat
+makes the configuration out of memory (production must not OOM now and then).
 
-Rules that skip a configuration without running it (they cost no budget):
-- OOM dominance: at least as large in every memory dimension (same or lower TP, same or larger
-  batch, same or wider weights and KV) as a configuration that ran out of memory;
-- SLO dominance: same TP/precision as a measured configuration that missed a latency bound by
-  more than `DOMINANCE_MARGIN`, with a larger max batch (latency grows with batch), or a smaller
-  batch than one that missed the throughput floor by as much. The margin is wide because real
-  pools are not perfectly monotonic (a batch size without a CUDA graph can be slower than the
-  next larger one).
-- twins: a configuration the performance model cannot tell apart from a measured one (bf16 and
-  fp16 weights run the same kernels at the same width) is covered by that measurement.
+What the measurements rule out, and why, is classify.py's concern; this module gives it the
+memory order of configurations (`memory_dims`) and the model's twins (`twin`).
 """
 
 from __future__ import annotations
@@ -27,12 +20,10 @@ from infertune_tuner import slo
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, PERCENTILES
+from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
-
-DOMINANCE_MARGIN = 0.10
 
 
 def _typical(ps: list[Percentiles]) -> Percentiles:
@@ -130,8 +121,8 @@ class Known:
         return (self.measured[b].output_tokens_per_s_per_gpu or 0.0) if b else 0.0
 
 
-def _mem_dims(c: TrialConfig) -> tuple[float, float, float, float]:
-    # Larger = needs more memory per GPU.
+def memory_dims(c: TrialConfig) -> tuple[float, float, float, float]:
+    """Larger in every dimension = needs more memory per GPU."""
     return (
         -c.tp,
         c.max_batch_size,
@@ -144,59 +135,3 @@ def twin(c: TrialConfig) -> tuple[object, ...]:
     """Configurations the model cannot tell apart (bf16 vs fp16 weights) share a twin key."""
     q = QUANTIZATIONS[c.quantization]
     return (c.tp, c.max_batch_size, q.weight_bytes, q.compute, c.kv_cache_dtype)
-
-
-def _clear_miss(ch: SloCheck) -> bool:
-    if ch.ok:
-        return False
-    if ch.metric == OBJECTIVE.key:
-        return ch.value_ms < ch.limit_ms * (1 - DOMINANCE_MARGIN)
-    return ch.value_ms > ch.limit_ms * (1 + DOMINANCE_MARGIN)
-
-
-def implied_infeasible(cfg: TrialConfig, known: Known) -> str | None:
-    """Why `cfg` need not run, given what was measured.
-
-    Args:
-        cfg: An unmeasured configuration.
-        known: What the study has measured.
-
-    Returns:
-        The reason (a neighbour ran out of memory or was KV-capped while smaller in every memory
-        dimension; a same-precision neighbour with a smaller batch clearly missed a latency
-        bound, or one with a larger batch clearly missed the throughput floor), or None.
-    """
-    dims = _mem_dims(cfg)
-    for other, m in known.measured.items():
-        larger = all(a >= b for a, b in zip(dims, _mem_dims(other), strict=True))
-        if m.status == "oom" and larger:
-            return f"at least as large in memory as {other.label()}, which ran out of memory"
-        if larger and cfg.max_batch_size >= other.max_batch_size and m.capped(other.max_batch_size):
-            return (
-                f"at least as large in memory as {other.label()}, whose KV cache held only "
-                f"{m.concurrency:.0f} of its {other.max_batch_size} sequences"
-            )
-        if m.status != "ok" or (other.tp, other.quantization, other.kv_cache_dtype) != (
-            cfg.tp,
-            cfg.quantization,
-            cfg.kv_cache_dtype,
-        ):
-            continue
-        for ch in known.checks.get(other, []):
-            if not _clear_miss(ch):
-                continue
-            if ch.metric == OBJECTIVE.key:
-                if cfg.max_batch_size < other.max_batch_size:
-                    return f"smaller batch than {other.label()}, which missed {ch.bound}"
-            elif cfg.max_batch_size > other.max_batch_size:
-                return f"larger batch than {other.label()}, which missed {ch.bound}"
-    return None
-
-
-def measured_twin(cfg: TrialConfig, known: Known) -> TrialConfig | None:
-    """A measured configuration the model cannot tell apart from `cfg`, if any."""
-    key = twin(cfg)
-    for other in known.measured:
-        if other != cfg and twin(other) == key:
-            return other
-    return None

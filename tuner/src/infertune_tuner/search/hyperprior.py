@@ -35,9 +35,11 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.stats import norm, qmc
 
+from infertune_tuner.metrics import LATENCY_METRICS
+
 N_FEATURES = 5  # model.FEATURES: batch, TP, weight width, compute path, KV width
 # Quantities pooled into one kind: tok/s/GPU, and each latency metric over its percentiles.
-KINDS = ("tps", "ttft_ms", "itl_ms", "e2e_ms")
+KINDS = ("tps", *(m.key for m in LATENCY_METRICS))
 # A world's own setting may lie outside the spread of the worlds the hyperprior was fitted on:
 # the fitted log-normal widths are multiplied by this and kept at least MIN_SD_LOG (a factor
 # e^0.35 = 1.4 on each hyperparameter at one standard deviation).

@@ -42,6 +42,7 @@ def judged(
     output_tokens: int,
     margin: float,
     short_output: float,
+    speedup: float = 1.0,
 ) -> Measurement:
     """`m`, or the same measurement marked `invalid` with why it cannot be true.
 
@@ -53,11 +54,13 @@ def judged(
         output_tokens: The requested output length per request.
         margin: How far above the decode bound a measurement may be (datasheet rounding).
         short_output: How far below the requested length the mean output may fall.
+        speedup: How much faster than the GPU the backend's clock runs (a time-scaled
+            simulated server); the bound scales with it.
     """
     if m.status != "ok":
         return m
     tps = m.output_tokens_per_s_per_gpu or 0.0
-    bound = decode_bound(model, gpu, cfg)
+    bound = decode_bound(model, gpu, cfg) * speedup
     if tps > bound * margin:
         return m.invalid(
             f"{tps:.0f} tok/s/GPU is {tps / bound:.1f}x what streaming the weights once per "

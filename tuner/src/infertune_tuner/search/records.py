@@ -52,9 +52,10 @@ def measurement_from_attr(d: dict[str, Any]) -> Measurement:
     def pct(v: dict[str, float] | None) -> Percentiles | None:
         return Percentiles(v["p50"], v["p95"], v["p99"]) if v else None
 
+    latency: dict[str, Any] = {x.key: pct(d.get(x.key)) for x in LATENCY_METRICS}
     return Measurement(
         status=d["status"],
-        **{x.key: pct(d.get(x.key)) for x in LATENCY_METRICS},
+        **latency,
         output_tokens_per_s_per_gpu=d.get("output_tokens_per_s_per_gpu"),
         requests=d.get("requests", 0),
         errors=d.get("errors", 0),

@@ -11,8 +11,9 @@
 - `BudgetCallback`: stops the study once `maxTrials` trials have been executed (the trials that
   count: measured ones, confirmations included; skipped ones cost nothing).
 
-Why a study stopped is kept as the study's user attribute `stop_reason`, so that every worker
-(threads here, processes on shared storage) and the report see the same answer.
+Why a study stopped (a typed `stop.StopReason`) is kept as the study's user attribute `stop`, so
+that every worker (threads here, processes on shared storage) and the report see the same
+answer.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from optuna.trial import FrozenTrial, TrialState
 from infertune_tuner.config import CONFIG_KEYS, TrialConfig
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Decision, Planner
+from infertune_tuner.stop import STOP_ATTR, StopReason, budget
 
-STOP_REASON = "stop_reason"
 KnownSource = Callable[[Study, FrozenTrial | None], Known]
 
 
@@ -45,11 +46,16 @@ def config_of(params: dict[str, Any]) -> TrialConfig:
     )
 
 
-def stop(study: Study, reason: str) -> None:
+def stop(study: Study, reason: StopReason) -> None:
     """Stop the study for `reason` (the first reason given wins)."""
-    if study.user_attrs.get(STOP_REASON) is None:
-        study.set_user_attr(STOP_REASON, reason)
+    if stopped(study) is None:
+        study.set_user_attr(STOP_ATTR, reason.as_attr())
     study.stop()
+
+
+def stopped(study: Study) -> StopReason | None:
+    """Why the study stopped, as its workers recorded it (None: it has not)."""
+    return StopReason.from_attr(study.user_attrs.get(STOP_ATTR))
 
 
 class AutoSampler(BaseSampler):
@@ -141,8 +147,8 @@ class AutoSampler(BaseSampler):
             if state == TrialState.PRUNED:
                 return
             decision = self._decide(self._with_pending(self._known(study, trial)))
-        if decision.stop_reason is not None:
-            stop(study, decision.stop_reason)
+        if decision.stop is not None:
+            stop(study, decision.stop)
 
     def reseed_rng(self) -> None:
         self._fallback.reseed_rng()
@@ -234,7 +240,7 @@ class BudgetCallback:
 
     def __call__(self, study: Study, trial: FrozenTrial) -> None:
         if self._executed(study) >= self.max_trials:
-            stop(study, f"budget: maxTrials ({self.max_trials}) executed")
+            stop(study, budget(self.max_trials))
 
 
 def make_base_sampler(

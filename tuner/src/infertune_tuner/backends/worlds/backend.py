@@ -36,6 +36,7 @@ class WorldBackend:
         if family not in FAMILIES:
             raise InputError(f"unknown world family {family!r}; use one of {', '.join(FAMILIES)}")
         self.name = f"world:{family}"
+        self.speedup = 1.0
         self.family = family
         self._model = request.resolve_model()
         self._gpu = request.resolve_gpu()

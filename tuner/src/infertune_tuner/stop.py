@@ -2,7 +2,8 @@
 
 Every worker of a study, and every later run that resumes it, reads the same answer: it is kept
 as the study's user attribute `stop` ({"kind", "detail"}). Nothing parses `detail`; it is the
-sentence a person reads after the kind.
+sentence a person reads after the kind. The report carries both (`stop` and `stopped_reason`,
+the sentence), the CLI picks its exit status from the kind.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class StopReason:
 
 def budget(max_trials: int) -> StopReason:
     return StopReason(StopKind.BUDGET, f"maxTrials ({max_trials}) executed")
+
+
+def aborted(trials: int, last: object) -> StopReason:
+    return StopReason(StopKind.ABORTED, f"the first {trials} trials all failed; last: {last}")
 
 
 TIMEOUT = StopReason(StopKind.TIMEOUT, "spec.tuning.timeoutMinutes reached")

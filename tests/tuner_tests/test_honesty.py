@@ -1,0 +1,184 @@
+"""Never confidently wrong: structural coverage, the plausibility guard, one classifier, and
+samplers that stop when nothing is left to measure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infertune_tuner.backends.replay import ReplayBackend, load_table, write_table
+from infertune_tuner.backends.simulated import SimulatedBackend
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.perfmodel.latency import Percentiles, Prediction
+from infertune_tuner.run import prior_predictions, tune
+from infertune_tuner.search.classify import Exclusion
+from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.planner import Planner
+from infertune_tuner.search.plausibility import decode_bound, judged
+from infertune_tuner.search.settings import SearchSettings
+from infertune_tuner.space import build_space
+from infertune_tuner.stop import StopKind
+
+from .helpers import CountingBackend, request
+
+LOOSE = 10_000_000  # an E2E bound nothing misses: throughput alone decides
+
+
+def _planner(req):  # type: ignore[no-untyped-def]
+    space = build_space(req, req.resolve_model(), req.resolve_gpu())
+    priors = prior_predictions(req, space)
+    return Planner(req, space, priors, seed=0), priors
+
+
+def _as_predicted(p: Prediction, tps_factor: float) -> Measurement:
+    """A measurement whose latency is what the model predicts and whose throughput is off by
+    `tps_factor`."""
+    e2e = p.e2e_ms
+    return Measurement.ok(
+        {"e2e_ms": Percentiles(e2e.p50, e2e.p95, e2e.p99)},
+        output_tokens_per_s_per_gpu=p.output_tokens_per_s_per_gpu * tps_factor,
+    )
+
+
+def _measured(req, priors, configs, factor):  # type: ignore[no-untyped-def]
+    return Known.build(req, {c: [_as_predicted(priors[c], factor)] for c in configs})
+
+
+TP2 = [TrialConfig(2, b, "fp8", "auto") for b in (32, 64, 128)]
+
+
+def test_a_run_that_finds_the_model_2x_off_does_not_stop_before_covering_the_structures() -> None:
+    req = request(e2e_p95=LOOSE, max_trials=40)
+    planner, priors = _planner(req)
+    wrong = _measured(req, priors, TP2, 2.0)  # the model is 2x off wherever it measured
+    right = _measured(req, priors, TP2, 1.0)
+    holes_wrong = planner.gaps(wrong, planner.assess(wrong))
+    holes_right = planner.gaps(right, planner.assess(right))
+    # Under a 2x error, more TP sizes and quantizations could hold the optimum.
+    assert len(holes_wrong) > len(holes_right)
+    assert {g.structure.label() for g in holes_wrong} >= {"TP1", "TP4"}
+    # A structure is covered by a measurement near its predicted best.
+    for g in holes_wrong:
+        assert g.structure.holds(g.target) and g.target not in wrong.measured
+    d = planner.decide(wrong, remaining=30)
+    assert d.stop is None, "no confident stop while a structure that could win is unmeasured"
+
+
+def test_a_covered_structure_is_no_gap() -> None:
+    req = request(e2e_p95=LOOSE, max_trials=40)
+    planner, priors = _planner(req)
+    known = _measured(req, priors, TP2, 2.0)
+    gap = planner.gaps(known, planner.assess(known))[0]
+    covered = Known.build(
+        req,
+        {**known.runs, gap.target: [_as_predicted(priors[gap.target], 2.0)]},
+        covers=[gap.target],
+    )
+    assert gap.structure not in {
+        g.structure for g in planner.gaps(covered, planner.assess(covered))
+    }
+
+
+def test_a_search_on_a_pool_unlike_its_model_covers_and_still_finds_the_optimum(
+    tmp_path: Path,
+) -> None:
+    req = request(max_trials=40, seed=2)
+    backend = CountingBackend(SimulatedBackend.perturbed(req, seed=11, magnitude=0.6))
+    report = tune(req, backend=backend, out_dir=tmp_path)
+    purposes = {t.purpose for t in report.trials if t.executed}
+    assert report.best is not None and report.stop == StopKind.CONVERGED
+    tps_seen = {t.config.tp for t in report.trials if t.executed}
+    assert len(tps_seen) >= 2, purposes  # more than one TP size was measured before stopping
+
+
+H100 = request().resolve_gpu()
+LLAMA70 = request().resolve_model()
+CFG = TrialConfig(2, 16, "fp8", "auto")
+
+
+def _ok(tps: float, mean: float | None = None, e2e_ms: float = 1000) -> Measurement:
+    pct = Percentiles(e2e_ms, e2e_ms * 1.1, e2e_ms * 1.2)
+    return Measurement.ok(
+        {"ttft_ms": Percentiles(50, 60, 70), "itl_ms": Percentiles(20, 22, 24), "e2e_ms": pct},
+        output_tokens_per_s_per_gpu=tps,
+        output_tokens_mean=mean,
+    )
+
+
+def _judge(m: Measurement, speedup: float = 1.0) -> Measurement:
+    s = SearchSettings()
+    return judged(m, CFG, model=LLAMA70, gpu=H100, output_tokens=512,
+                  margin=s.plausible_margin, short_output=s.short_output, speedup=speedup)  # fmt: skip
+
+
+def test_a_measurement_faster_than_streaming_the_weights_allows_is_invalid() -> None:
+    bound = decode_bound(LLAMA70, H100, CFG)
+    # 70B at FP8 on an H100 (3.35 TB/s): ~48 decode steps/s; at batch 16 ~770 tok/s/GPU
+    assert 600 < bound < 900
+    assert _judge(_ok(bound * 0.9)).status == "ok"
+    too_fast = _judge(_ok(bound * 5))
+    assert too_fast.status == "invalid" and "streaming the weights" in (too_fast.reason or "")
+    # A time-scaled simulated server runs faster than the GPU it models: its bound scales too.
+    assert _judge(_ok(bound * 5), speedup=50).status == "ok"
+
+
+def test_a_run_whose_outputs_stopped_early_is_invalid() -> None:
+    short = _judge(_ok(300, mean=400))
+    assert short.status == "invalid" and "400 output tokens of the 512" in (short.reason or "")
+    assert _judge(_ok(300, mean=500)).status == "ok"  # 2 % short: within tolerance
+
+
+def test_an_invalid_measurement_is_never_the_best_and_rules_nothing_out() -> None:
+    req = request()
+    planner, _ = _planner(req)
+    bogus = _ok(9000).invalid("above the decode bound")
+    known = Known.build(req, {CFG: [bogus]})
+    assert known.best() is None and known.feasible() == {}
+    larger = TrialConfig(2, 32, "fp8", "auto")
+    twin = TrialConfig(2, 16, "fp8", "fp8")
+    assert planner.ruling(larger, known) is None
+    assert planner.ruling(twin, known) is None or planner.ruling(twin, known).exclusion != (
+        Exclusion.TWIN
+    )
+
+
+def test_the_replay_table_carries_the_mean_output_length(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    write_table(path, {CFG: _ok(500, mean=137.0)})
+    assert load_table(path)[CFG].output_tokens_mean == pytest.approx(137.0)
+    assert ReplayBackend(path).run(CFG).output_tokens_mean == pytest.approx(137.0)
+
+
+def test_one_classifier_partitions_the_space_for_the_search_and_the_report() -> None:
+    req = request(e2e_p95=25600, quants=["fp16", "bf16", "fp8", "nvfp4"])
+    planner, _ = _planner(req)
+    oom = TrialConfig(4, 64, "fp16", "auto")
+    slow = TrialConfig(4, 64, "fp8", "auto")
+    fast = TrialConfig(2, 16, "fp16", "auto")
+    known = Known.build(req, {
+        oom: [Measurement.failed("oom", "CUDA out of memory")],
+        slow: [_ok(900, e2e_ms=40000)],  # misses E2E p95 <= 25600 ms by far
+        fast: [_ok(700, e2e_ms=9000)],
+    })  # fmt: skip
+    cands, ruled = planner.candidates(known)
+    # Every configuration of the memory model's universe is a candidate, measured, or ruled out
+    # with a typed reason; never two of these.
+    assert set(cands) | set(ruled) | set(known.measured) == set(planner.universe)
+    assert not set(cands) & set(ruled)
+    kinds = {r.exclusion for r in ruled.values()}
+    assert {Exclusion.OUT_OF_MEMORY, Exclusion.SLO_MISS, Exclusion.TWIN} <= kinds
+    assert oom in planner.universe and ruled[TrialConfig(4, 96, "fp16", "auto")].by == oom
+    assert ruled[TrialConfig(4, 128, "fp8", "auto")].by == slow
+    assert ruled[TrialConfig(2, 16, "bf16", "auto")].exclusion == Exclusion.TWIN
+    # The report reads the same ruling: its sentence names the configuration that decided.
+    assert slow.label() in ruled[TrialConfig(4, 128, "fp8", "auto")].text()
+
+
+def test_random_search_stops_when_every_configuration_was_measured(tmp_path: Path) -> None:
+    req = request(sampler="random", max_trials=40, tps=[2], batches=[16, 32], quants=["fp8"])
+    backend = CountingBackend(SimulatedBackend(req, seed=0))
+    report = tune(req, backend=backend, out_dir=tmp_path)
+    assert report.stop == StopKind.EXHAUSTED
+    assert len(backend.calls) == len(set(backend.calls)) <= 4, "no configuration twice"
