@@ -58,7 +58,9 @@ def test_the_progress_ends_with_why_the_search_stopped(tmp_path: Path, cli: CliR
     ending = text[text.rfind("tuning:") :]
     assert re.fullmatch(r"tuning: \d+ trials executed; converged: .*", ending)
     # The summary says what the planner spent its trials on, and the report too.
-    plan = re.search(r"trials executed \((\d+) explore(, \d+ cover)?, (\d+) confirm\)", result.stdout)
+    plan = re.search(
+        r"trials executed \((\d+) explore(, \d+ cover)?, (\d+) confirm\)", result.stdout
+    )
     assert plan, result.stdout
     assert f"Trials by purpose: {plan.group(1)} explore" in (tmp_path / "report.md").read_text()
 
