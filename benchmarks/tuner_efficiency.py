@@ -42,6 +42,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
+import math
 import pickle
 import statistics
 import sys
@@ -75,6 +76,8 @@ class Run:
     wide_margin_executed: int
     confidence: float | None
     share: float  # chosen's true tok/s/GPU / optimum
+    # The model was at least 2x off (tok/s/GPU) on some configuration the run measured.
+    surprised: bool = False
 
 
 def _p90(xs: list[int]) -> int:
@@ -144,8 +147,15 @@ def run_world(
                 f"{'ok' if reached else 'MISS'}{'' if strict else '(strict miss)'} | "
                 f"{report.stopped_reason[:70]}")  # fmt: skip
         share = got / truth.optimum if truth.optimum else float(reached)
+        surprised = any(
+            abs(math.log(t.metrics.output_tokens_per_s_per_gpu
+                         / t.predicted.output_tokens_per_s_per_gpu)) >= math.log(2)
+            for t in report.trials
+            if t.executed and t.metrics and t.predicted
+            and t.metrics.output_tokens_per_s_per_gpu > 0
+        )  # fmt: skip
         run = Run(world.family, world.name, world.seed, reached, strict,
-                  report.executed_trials, wide, confidence, share)  # fmt: skip
+                  report.executed_trials, wide, confidence, share, surprised)  # fmt: skip
         out.append((sampler, run, line))
     return out
 
@@ -228,6 +238,11 @@ def main() -> None:
             fam_rows = [r for r in rows if r.family == family]
             if fam_rows:
                 print(_row(family, fam_rows))
+        surprised = [r for r in rows if r.surprised]
+        if surprised:
+            print(_row("model >=2x off", surprised))
+            print("  (runs that measured a configuration whose tok/s/GPU was at least 2x off the "
+                  "model's prediction, every family)")  # fmt: skip
     if args.csv:
         write_csv(
             args.csv, [{"sampler": s, **vars(r)} for s, rows in results.items() for r in rows]

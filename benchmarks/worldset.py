@@ -135,6 +135,7 @@ class NoisyReplay:
 
     def __init__(self, table: dict[TrialConfig, Measurement], world: str, seed: int) -> None:
         self.name = f"replay:{world}"
+        self.speedup = 1.0  # recorded measurements: the GPU's own clock
         self._table, self._world, self._seed = table, world, seed
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
