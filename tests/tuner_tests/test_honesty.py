@@ -12,6 +12,7 @@ from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
+from infertune_tuner.report.markdown import render_markdown
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.search.classify import Exclusion
 from infertune_tuner.search.evidence import Known
@@ -182,3 +183,12 @@ def test_random_search_stops_when_every_configuration_was_measured(tmp_path: Pat
     report = tune(req, backend=backend, out_dir=tmp_path)
     assert report.stop == StopKind.EXHAUSTED
     assert len(backend.calls) == len(set(backend.calls)) <= 4, "no configuration twice"
+
+
+def test_a_search_cut_short_before_coverage_claims_no_confidence(tmp_path: Path) -> None:
+    req = request(max_trials=3, seed=1)
+    report = tune(req, backend=SimulatedBackend.perturbed(req, seed=4), out_dir=tmp_path)
+    assert report.stop == StopKind.BUDGET and report.best is not None
+    assert report.uncovered and report.confidence is None
+    text = render_markdown(report)
+    assert f"not claimed: {', '.join(report.uncovered)}" in text

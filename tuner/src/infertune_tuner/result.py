@@ -184,8 +184,12 @@ class Report(Record):
     # Why the search stopped: its kind (what programs read) and the sentence (what people read).
     stop: StopKind | None = None
     stopped_reason: str
-    # Posterior probability that no untried configuration beats the best by more than 2 %.
+    # Posterior probability that no untried configuration beats the best by more than 2 %; None
+    # when it is not claimed (`uncovered` structures were never measured near their best).
     confidence: float | None = None
+    # TP sizes / quantizations that could still hold the optimum, never measured near their
+    # predicted best (search/coverage.py): the search stopped (budget, timeout) before them.
+    uncovered: list[str] = Field(default_factory=list)
     untried: list[UntriedGroup] = Field(default_factory=list)
     duration_s: float
     generated_at: str

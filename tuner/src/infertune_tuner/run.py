@@ -191,6 +191,11 @@ def build_report(
                 )
             )
     converged = stop.kind == StopKind.CONVERGED
+    uncovered = (
+        [g.structure.label() for g in planner.gaps(known, assessment)]
+        if top is not None and not converged and request.tuning.sampler == "auto"
+        else []
+    )
     dumped = request.dump()
     if request.tuning.storage:  # a report never shows the password of the study's database
         dumped["tuning"]["storage"] = mask_url(request.tuning.storage)
@@ -207,7 +212,10 @@ def build_report(
         nearest_misses=misses,
         stop=stop.kind,
         stopped_reason=str(stop),
-        confidence=round(assessment.confidence, 4),
+        # A structure that could still hold the optimum was never measured (the budget or the
+        # clock ran out first): the posterior's number would rest on the model alone there.
+        confidence=None if uncovered else round(assessment.confidence, 4),
+        uncovered=uncovered,
         untried=untried_groups(planner, known, assessment, converged=converged),
         duration_s=round(duration_s, 3),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -72,6 +72,15 @@ def render_markdown(report: Report) -> str:
             if report.confidence is not None and report.best
             else []
         ),
+        *(
+            [
+                f"- Confidence: not claimed: {', '.join(report.uncovered)} could still hold the "
+                "optimum and were never measured near their predicted best (raise maxTrials and "
+                "re-run: the study resumes)"
+            ]
+            if report.uncovered
+            else []
+        ),
         f"- Generated {report.generated_at} by infertune {report.infertune_version} in "
         f"{report.duration_s:.1f} s",
         "",

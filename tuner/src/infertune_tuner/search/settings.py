@@ -2,7 +2,10 @@
 
 `SearchSettings()` holds the defaults, each with the evidence it rests on; a benchmark or a test
 builds the sampler with others (benchmarks/tuner_efficiency.py scores each world family with the
-hyperprior fitted on the *other* families). Nothing in the search reads a module global instead.
+hyperprior fitted on the *other* families). The decisions read their thresholds from here; what
+describes the models themselves (the memory-fit prior in memory_fit.py, the posterior's noise
+and mixture size in model.py, the coverage neighbourhood in coverage.py) stays a constant of
+its module, with its evidence beside it.
 """
 
 from __future__ import annotations
