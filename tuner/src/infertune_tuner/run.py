@@ -324,7 +324,7 @@ def tune(
         try:
             outcome = search.run(backends)
         except KeyboardInterrupt:  # Ctrl-C: the report of the trials done, then exit 130
-            outcome = SearchOutcome(INTERRUPTED, study, None)
+            outcome = SearchOutcome(INTERRUPTED, study)
         except Exception as exc:
             if (fault := storage_fault(exc)) is None:
                 raise

@@ -114,9 +114,10 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
 
 @dataclass
 class SearchOutcome:
+    """Why the search stopped, and the study (the report reads its confidence from there)."""
+
     stop: StopReason
     study: Study
-    confidence: float | None
 
 
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
@@ -344,8 +345,7 @@ class Search:
                 timeout=timeout,
             )
         reason = first or stopped(self.study) or self._timeout_or_budget()
-        confidence = self.planner.assess(self.known(self.study)).confidence
-        return SearchOutcome(reason, self.study, confidence)
+        return SearchOutcome(reason, self.study)
 
     def _count(self, study: Study) -> int:
         return self.known(study).executed
