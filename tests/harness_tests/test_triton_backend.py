@@ -146,6 +146,22 @@ def test_failure_classification() -> None:
     assert lines[-1] == "line 99"
 
 
+def test_host_pinned_memory_warning_is_not_the_oom() -> None:
+    """Lines as a real tritonserver 2.51 on an H100 printed them (benchmarks/real-worlds)."""
+    pinned = (
+        'W1125 14:08:10.811602 7963 pinned_memory_manager.cc:273] "Unable to allocate pinned '
+        'system memory, pinned memory pool will not be available: out of memory"'
+    )
+    cuda = (
+        'I1125 14:08:12.880727 7963 pb_stub.cc:366] "Failed to initialize Python stub: '
+        "AcceleratorError: CUDA error: out of memory"
+    )
+    status, reason = classify_failure(f"{pinned}\n{cuda}")
+    assert status == "oom" and "AcceleratorError: CUDA error: out of memory" in reason
+    status, reason = classify_failure(f"{pinned}\nmodel.py: ValueError: bad input")
+    assert status == "error" and "ValueError: bad input" in reason
+
+
 FAKE_LAUNCHER = textwrap.dedent(
     """
     # Like launch_triton_server.py: start the server in the background and return at once.

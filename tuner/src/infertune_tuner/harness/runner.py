@@ -44,13 +44,18 @@ OOM_PATTERN = re.compile(
     re.IGNORECASE,
 )
 
+# Triton's warning that its host pinned-memory pool could not be allocated: host memory, not the
+# GPU's, and not fatal (seen on an H100 machine after a real CUDA OOM: the first matching line
+# then named the wrong cause).
+HOST_MEMORY_NOTE = re.compile(r"pinned (system )?memory", re.IGNORECASE)
+
 
 def classify_failure(log_text: str, context: str = "") -> tuple[TrialStatus, str]:
     """(`oom`, the first OOM line) when the log shows CUDA out-of-memory, else (`error`, the
     context line followed by the last 40 log lines)."""
     lines = log_text.splitlines()
     for line in lines:
-        if OOM_PATTERN.search(line):
+        if OOM_PATTERN.search(line) and not HOST_MEMORY_NOTE.search(line):
             return "oom", line.strip()[:1000]
     tail = "\n".join(lines[-LOG_TAIL_LINES:]).strip()
     parts = [p for p in (context, tail or "(the server wrote no output)") if p]
