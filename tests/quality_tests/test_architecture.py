@@ -42,7 +42,12 @@ def test_no_source_module_over_400_lines() -> None:
 
 
 # Imported only inside a guard that works without them (say so where they are imported).
-OPTIONAL_IMPORTS = {"huggingface_hub"}  # runtime/weights.py: the tuner image ships it
+OPTIONAL_IMPORTS = {
+    "huggingface_hub",  # runtime/weights.py: the tuner image ships it
+    "torch",  # pymodel/torch_body.py: only `--backend triton:torch`, on a GPU machine
+    # pymodel/model.py: runs inside Triton's Python-backend stub, which provides it
+    "triton_python_backend_utils",
+}
 
 
 def _requirement_closure(dist: str) -> set[str]:

@@ -9,7 +9,10 @@ from infertune_tuner.errors import InputError
 from infertune_tuner.packing import GpuSet
 from infertune_tuner.request import TuningRequest
 
-BACKEND_HELP = "simulated | simulated:perturbed | world:FAMILY | replay:PATH | triton"
+BACKEND_HELP = (
+    "simulated | simulated:perturbed | world:FAMILY | replay:PATH | triton | triton:simulated"
+    " | triton:torch"
+)
 
 
 def make_backend(
@@ -50,6 +53,32 @@ def make_backend(
 
         return TritonBackend(
             request, server_command=server_command, workdir=workdir, on_phase=on_phase, gpus=gpus
+        )
+    if spec.startswith("triton:"):
+        # A real tritonserver on this machine (the nvidia-pytriton wheel) serving infertune's
+        # Python-backend model with the body named after the colon (runtime/local_triton.py).
+        from infertune_tuner.backends.triton import TritonBackend
+        from infertune_tuner.pymodel.spec import BODIES
+        from infertune_tuner.runtime.local_triton import LocalTritonRuntime, TritonUnavailable
+
+        body = spec.removeprefix("triton:")
+        if body not in BODIES:
+            raise InputError(f"unknown model body {body!r} in {spec!r}; use {BACKEND_HELP}")
+        if server_command is not None:
+            raise InputError(f"--server-command replaces the server; {spec} brings its own")
+        if body == "torch":
+            runtime = LocalTritonRuntime(body="torch")
+        else:  # the simulated backend's clock knob (INFERTUNE_SIMULATED_TIME_SCALE) applies
+            from infertune_tuner.backends.simulated import time_scale_from_env
+
+            scale = time_scale_from_env()
+            runtime = LocalTritonRuntime(body="simulated", time_scale=scale if scale > 0 else 1.0)
+        try:
+            runtime.install()
+        except TritonUnavailable as exc:
+            raise InputError(f"backend {spec}: {exc}") from None
+        return TritonBackend(
+            request, runtime=runtime, workdir=workdir, on_phase=on_phase, gpus=gpus
         )
     raise InputError(f"unknown backend {spec!r}; use {BACKEND_HELP}")
 

@@ -38,7 +38,7 @@ from infertune_tuner.harness.runner import TrialPlan, free_ports, run_trial
 from infertune_tuner.measurement import Measurement, TrialPhase, trial_requests
 from infertune_tuner.packing import GpuSet, Lease
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.runtime import SERVED_MODEL, Ports, ServingRuntime, TritonRuntime
+from infertune_tuner.runtime import SERVED_MODEL, Ports, TrialRuntime, TritonRuntime
 from infertune_tuner.runtime.weights import (
     SIXTEEN_BIT,
     MissingCheckpoint,
@@ -87,7 +87,7 @@ class TritonBackend:
         self,
         request: TuningRequest,
         *,
-        runtime: ServingRuntime | None = None,
+        runtime: TrialRuntime | None = None,
         server_command: str | None = None,
         workdir: Path | None = None,
         startup_timeout_s: float | None = None,
@@ -103,7 +103,7 @@ class TritonBackend:
         if requests_per_trial is not None and requests_per_trial < 1:
             raise InputError("requests per trial must be at least 1")
         self.request = request
-        self.runtime = runtime if runtime is not None else TritonRuntime.from_env()
+        self.runtime: TrialRuntime = runtime if runtime is not None else TritonRuntime.from_env()
         self.speedup = 1.0 / self.runtime.time_scale
         self.server_command = server_command
         self.startup_timeout_s = (
@@ -225,9 +225,11 @@ class TritonBackend:
         if config.kv_cache_dtype != "auto" or config.quantization in SIXTEEN_BIT:
             return None
         if config.quantization not in self._fp8_kv:
-            self._fp8_kv[config.quantization] = (
-                checkpoint_kv_dtype(self.weights_for(config)) == "fp8"
-            )
+            try:
+                declared = checkpoint_kv_dtype(self.weights_for(config))
+            except MissingCheckpoint:  # a runtime that loads no weights ran it: none declared
+                declared = None
+            self._fp8_kv[config.quantization] = declared == "fp8"
         if not self._fp8_kv[config.quantization]:
             return None
         return "kv-auto ran an FP8 KV cache: the checkpoint's hf_quant_config.json declares one"

@@ -146,6 +146,15 @@ class Engine:
 
     def begin_step(self) -> tuple[float, list[Sequence]]:
         """Admit what fits and return (step duration in seconds, the admitted sequences)."""
+        admitted = self.admit()
+        if not self.active:
+            return 0.0, admitted
+        self.steps_run += 1
+        return self.modelled_seconds(admitted), admitted
+
+    def admit(self) -> list[Sequence]:
+        """Admit what fits (step 1 above) and return the admitted sequences. A server that runs
+        real compute (pymodel's PyTorch body) schedules with this and times the step itself."""
         self._drop_cancelled()
         admitted: list[Sequence] = []
         budget = self.max_num_tokens - len(self.active)
@@ -160,15 +169,18 @@ class Engine:
             self.reserved += head.reserved_tokens
             self.active.append(head)
             admitted.append(head)
+        return admitted
+
+    def modelled_seconds(self, admitted: list[Sequence]) -> float:
+        """The performance model's duration of the step that runs the active batch (step 2)."""
         if not self.active:
-            return 0.0, admitted
+            return 0.0
         avg_ctx = sum(s.context for s in self.active) / len(self.active)
         ms = self.steps.decode_ms(len(self.active), avg_ctx)
         if admitted:
             ms += sum(self.steps.prefill_ms(s.input_tokens) for s in admitted)
             ms += self.steps.context_step_overhead_ms
-        self.steps_run += 1
-        return ms / 1e3 * self.time_scale, admitted
+        return ms / 1e3 * self.time_scale
 
     def end_step(self, now_s: float) -> list[Emitted]:
         """Every active sequence gets its next token; finished ones leave the batch."""

@@ -7,7 +7,13 @@ serving Deployment both render and launch through it.
 
 from __future__ import annotations
 
-from infertune_tuner.runtime.base import SERVED_MODEL, PodShape, Ports, ServingRuntime
+from infertune_tuner.runtime.base import (
+    SERVED_MODEL,
+    PodShape,
+    Ports,
+    ServingRuntime,
+    TrialRuntime,
+)
 from infertune_tuner.runtime.simulated import SimulatedRuntime
 from infertune_tuner.runtime.triton import TritonRuntime
 
@@ -23,6 +29,7 @@ __all__ = [
     "Ports",
     "ServingRuntime",
     "SimulatedRuntime",
+    "TrialRuntime",
     "TritonRuntime",
     "runtime_for",
 ]

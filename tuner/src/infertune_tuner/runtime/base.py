@@ -12,7 +12,9 @@ ask the same runtime, so a configuration is measured exactly as it is later serv
 
 Two implementations: `triton.TritonRuntime` (Triton + TensorRT-LLM's LLM-API model) and
 `simulated.SimulatedRuntime` (`infertune simserver`, the performance model behind the same
-protocol and probes, no GPU).
+protocol and probes, no GPU). A third serves local trials only (`TrialRuntime`: no pod):
+`local_triton.LocalTritonRuntime`, a real tritonserver from the nvidia-pytriton wheel with
+infertune's own Python-backend model.
 """
 
 from __future__ import annotations
@@ -61,12 +63,12 @@ class PodShape:
     loads_weights: bool  # mounts the model storage (PVC or download cache)
 
 
-class ServingRuntime(Protocol):
-    """One way to serve a configuration (see the module docstring)."""
+class TrialRuntime(Protocol):
+    """What a local trial needs of a runtime: the files, the launch, the repository's assembly."""
 
     @property
     def name(self) -> str:
-        """ "triton" or "simulated"."""
+        """ "triton", "simulated", or "triton:BODY" (the local Triton server)."""
         ...
 
     @property
@@ -90,6 +92,10 @@ class ServingRuntime(Protocol):
         """Add what the image provides to a local repository whose rendered files are written
         (a local trial; in a pod the start command does it)."""
         ...
+
+
+class ServingRuntime(TrialRuntime, Protocol):
+    """One way to serve a configuration (see the module docstring): a trial's, and a pod's."""
 
     def pod(self, request: TuningRequest, config: TrialConfig, ports: Ports) -> PodShape:
         """The container that serves `config` in a pod (files in FILES_DIR, repo in REPO_DIR)."""

@@ -1,0 +1,90 @@
+"""The Python-backend model's batching loop, without Triton: what a client of the model sees."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from infertune_tuner.catalog.gpus import get_gpu
+from infertune_tuner.catalog.models import get_model
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.harness.engine import Engine, Sequence
+from infertune_tuner.pymodel.loop import ServingLoop, SimulatedBody
+
+
+class Client:
+    def __init__(self) -> None:
+        self.tokens: dict[Any, list[tuple[int, bool]]] = {}
+        self.errors: dict[Any, str] = {}
+        self.done = threading.Semaphore(0)
+
+    def token(self, seq: Sequence, final: bool) -> None:
+        self.tokens.setdefault(seq.handle, []).append((seq.generated, final))
+        assert seq.first_token_s is not None and seq.first_token_s >= seq.received_s
+        if final:
+            self.done.release()
+
+    def error(self, handle: Any, message: str) -> None:
+        self.errors[handle] = message
+        self.done.release()
+
+
+def loop(max_batch: int = 4, time_scale: float = 0.01) -> tuple[ServingLoop, Client]:
+    cfg = TrialConfig(1, max_batch, "bf16", "auto")
+    engine = Engine.for_config(get_model("llama-3-8b"), get_gpu("H100-SXM-80GB"), cfg, time_scale)
+    client = Client()
+    return ServingLoop(engine, SimulatedBody(), client.token, client.error).start(), client
+
+
+def test_every_request_gets_its_tokens_one_per_step_and_one_final() -> None:
+    serving, client = loop(max_batch=4)
+    try:
+        for i in range(10):  # more requests than the batch holds: the rest wait their turn
+            serving.submit(i, 32, 5 + i % 3)
+        for _ in range(10):
+            assert client.done.acquire(timeout=30)
+    finally:
+        serving.stop()
+    assert not client.errors
+    for i in range(10):
+        want = 5 + i % 3
+        assert client.tokens[i] == [(n, n == want) for n in range(1, want + 1)]
+    assert serving.engine.steps_run > 0 and serving.failure is None
+
+
+def test_a_request_the_cache_can_never_hold_is_an_error_not_a_hang() -> None:
+    serving, client = loop()
+    try:
+        serving.submit("huge", 10_000_000, 8)
+        serving.submit("fine", 16, 2)
+        for _ in range(2):
+            assert client.done.acquire(timeout=30)
+    finally:
+        serving.stop()
+    assert "more than the cache holds" in client.errors["huge"]
+    assert client.tokens["fine"][-1] == (2, True)
+
+
+class BrokenBody(SimulatedBody):
+    def step(self, engine: Engine, admitted: list[Any]) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_body_that_breaks_fails_every_request_in_flight_with_its_reason(
+    capfd: Any,
+) -> None:
+    cfg = TrialConfig(1, 2, "bf16", "auto")
+    engine = Engine.for_config(get_model("llama-3-8b"), get_gpu("H100-SXM-80GB"), cfg)
+    client = Client()
+    serving = ServingLoop(engine, BrokenBody(), client.token, client.error)
+    for i in range(3):
+        serving.submit(i, 16, 4)
+    serving.start()
+    for _ in range(3):
+        assert client.done.acquire(timeout=30)
+    serving.submit("late", 16, 4)  # after the failure: answered at once, never left waiting
+    assert client.done.acquire(timeout=5)
+    serving.stop()
+    assert set(client.errors) == {0, 1, 2, "late"}
+    assert all("illegal memory access" in m for m in client.errors.values())
+    assert "RuntimeError: CUDA error" in capfd.readouterr().err  # the traceback, for the log
