@@ -68,6 +68,7 @@ def test_a_trial_on_real_triton_measures_the_model_bodys_timing(tmp_path: Path) 
     m = backend(tmp_path, LocalTritonRuntime()).run(config)
     assert m.status == "ok", m.reason
     assert (m.requests, m.errors) == (24, 0)
+    assert m.output_tokens_mean == 8  # every response counted, the requested length reached
     req = request()
     expected = modelled_steady_state(
         req.resolve_model(), req.resolve_gpu(), config, Workload(64, 8), concurrency=8,

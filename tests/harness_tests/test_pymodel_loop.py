@@ -88,3 +88,24 @@ def test_a_body_that_breaks_fails_every_request_in_flight_with_its_reason(
     assert set(client.errors) == {0, 1, 2, "late"}
     assert all("illegal memory access" in m for m in client.errors.values())
     assert "RuntimeError: CUDA error" in capfd.readouterr().err  # the traceback, for the log
+
+
+def test_a_request_whose_answer_cannot_be_sent_still_gets_an_error() -> None:
+    """The failure that hung a real trial: sending the final response raised in the loop."""
+    cfg = TrialConfig(1, 2, "bf16", "auto")
+    engine = Engine.for_config(get_model("llama-3-8b"), get_gpu("H100-SXM-80GB"), cfg, 0.01)
+    client = Client()
+
+    def token(seq: Sequence, final: bool) -> None:
+        if final:
+            raise TypeError("incompatible constructor arguments")
+        client.token(seq, final)
+
+    serving = ServingLoop(engine, SimulatedBody(), token, client.error).start()
+    for i in range(3):
+        serving.submit(i, 16, 3)
+    for _ in range(3):
+        assert client.done.acquire(timeout=30)
+    serving.stop()
+    assert set(client.errors) == {0, 1, 2}
+    assert all("incompatible constructor" in m for m in client.errors.values())

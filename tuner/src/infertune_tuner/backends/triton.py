@@ -218,6 +218,7 @@ class TritonBackend:
             reason="; ".join(notes) or None,
             duration_s=r.duration_s,
             concurrency=r.peak_decoding,
+            output_tokens_mean=r.output_tokens_mean,  # the search's short-output check reads it
         )
 
     def _kv_note(self, config: TrialConfig) -> str | None:

@@ -9,6 +9,7 @@ loop thread (decoupled Python-backend models may send from any thread).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
@@ -51,6 +52,7 @@ class ServingLoop:
         self.engine, self.body = engine, body
         self.on_token, self.on_error = on_token, on_error
         self._incoming: list[_Incoming] = []
+        self._open: dict[int, Any] = {}  # id(handle) -> handle: submitted, not yet answered
         self._cv = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="infertune-engine", daemon=True)
@@ -68,6 +70,7 @@ class ServingLoop:
                                       f"{failure}")  # fmt: skip
                 return
             self._incoming.append(_Incoming(handle, input_tokens, max_tokens, time.monotonic()))
+            self._open[id(handle)] = handle
             self._cv.notify()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -88,6 +91,7 @@ class ServingLoop:
             seq = Sequence(r.input_tokens, r.max_tokens, handle=r.handle, received_s=r.received_s)
             error = self.engine.submit(seq)
             if error is not None:
+                self._open.pop(id(r.handle), None)
                 self.on_error(r.handle, error)
         return True
 
@@ -103,16 +107,17 @@ class ServingLoop:
                     if emitted.final:
                         self.body.release(emitted.seq)
                     self.on_token(emitted.seq, emitted.final)
+                    if emitted.final:  # answered only once its last response went out
+                        self._open.pop(id(emitted.seq.handle), None)
         except BaseException as exc:  # the body broke: fail what is in flight, say why
             with self._cv:
                 self.failure = exc
             message = f"the model's engine stopped: {type(exc).__name__}: {exc}"
-            for seq in [*self.engine.active, *self.engine.waiting]:
-                self.on_error(seq.handle, message)
-            with self._cv:
-                for r in self._incoming:
-                    self.on_error(r.handle, message)
-                self._incoming = []
+            with self._cv:  # every request not yet answered, wherever it was, gets the reason
+                unanswered, self._open, self._incoming = list(self._open.values()), {}, []
+            for handle in unanswered:
+                with contextlib.suppress(Exception):  # the sender itself may be what broke
+                    self.on_error(handle, message)
             traceback.print_exc()  # into the server's log, with the stub's other output
 
 

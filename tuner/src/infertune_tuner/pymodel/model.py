@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import site
 import sys
-import time
 
 # First on the path, in the tuner's order (site.addsitedir appends; the system's own
 # dist-packages must not shadow the tuner's numpy).
@@ -26,6 +25,9 @@ for _path in os.environ.get("INFERTUNE_STUB_PATH", "").split(os.pathsep):
         site.addsitedir(_path)
 sys.path[:] = [p for p in sys.path if p not in _before] + _before
 
+import contextlib
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,57 @@ TOKEN = b" tok"  # the text of one generated token
 class _Request:
     sender: Any
     streaming: bool
+    closed: bool = False  # its final (or error) response went out
+
+
+class _Outbox:
+    """Sends responses from a thread of its own, in order: a send through the stub's shared
+    memory costs ~0.3 ms of CPU, and sending 256 of them inside the engine's step would add
+    ~80 ms to every step (measured on a 2-core machine: ITL 185 ms where the body's steps took
+    108 ms). The step clock runs on; if sending falls behind, responses queue, as a server's
+    would."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[_Request, int, bool, str | None] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="infertune-send", daemon=True)
+        self._thread.start()
+
+    def token(self, handle: _Request, generated: int, final: bool) -> None:
+        self._queue.put((handle, generated, final, None))
+
+    def error(self, handle: _Request, message: str) -> None:
+        self._queue.put((handle, 0, True, message))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            handle, generated, final, message = item
+            if handle.closed:
+                continue
+            try:
+                _send(handle, generated, final, message)
+            except Exception as exc:  # the client must hear why, not hang
+                if message is None:
+                    with contextlib.suppress(Exception):
+                        _send(handle, 0, True, f"cannot send the response: {exc}")
+                handle.closed = True
+            if final:
+                handle.closed = True
+
+
+def _send(handle: _Request, generated: int, final: bool, message: str | None) -> None:
+    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+    if message is not None:
+        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+    else:
+        text = np.array([TOKEN * generated], dtype=np.object_)
+        response = pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text)])
+    handle.sender.send(response, flags=flags)
 
 
 def _scalar(request: Any, name: str, default: Any) -> Any:
@@ -66,6 +119,7 @@ def _text_tokens(request: Any) -> int:
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         version = Path(args["model_repository"]) / args["model_version"]
+        self.outbox = _Outbox()
         self.loop = build_loop(version, self._token, self._error).start()
 
     def execute(self, requests: list[Any]) -> None:
@@ -83,26 +137,12 @@ class TritonPythonModel:
 
     def _token(self, seq: Sequence, final: bool) -> None:
         handle: _Request = seq.handle
-        if not (final or handle.streaming):
-            return
-        text = np.array([TOKEN * seq.generated], dtype=np.object_)
-        outputs = [pb_utils.Tensor("text_output", text)]
-        if not final:
-            handle.sender.send(pb_utils.InferenceResponse(outputs))
-            return
-        # The server's own timestamps (CLOCK_MONOTONIC ns, as the simulated server sends them):
-        # the load generator reports the latency it adds on top of them.
-        times = {
-            "infertune_received_ns": int(seq.received_s * 1e9),
-            "infertune_first_token_ns": int((seq.first_token_s or 0.0) * 1e9),
-            "infertune_last_token_ns": time.monotonic_ns(),
-        }
-        response = pb_utils.InferenceResponse(outputs, parameters=times)
-        handle.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if final or handle.streaming:
+            self.outbox.token(handle, seq.generated, final)
 
     def _error(self, handle: _Request, message: str) -> None:
-        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
-        handle.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.outbox.error(handle, message)
 
     def finalize(self) -> None:
         self.loop.stop()
+        self.outbox.close()
