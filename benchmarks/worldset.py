@@ -7,7 +7,9 @@ Two sources:
   simulated pool whose behaviour differs in form from the performance model (docs/tuning.md);
 - **the development set** (`benchmarks/dev-worlds/`, a copy of the tuner-worlds set: replay tables
   nobody here generated): `dev-synthetic` (12 simulated pools of other forms) and `dev-vllm`
-  (8 tables of real vLLM measurements on A100/H100, LLM-Inference-Bench, BSD-3-Clause). A table
+  (8 tables of real vLLM measurements on A100/H100, LLM-Inference-Bench, BSD-3-Clause);
+- **real-GPU worlds** (`benchmarks/real-worlds/`, family `real-gpu`): grids measured here on a
+  real GPU through a real tritonserver (benchmarks/gpu_world.py), held out of every fit. A table
   holds one typical run per configuration; the benchmark replays it with seeded run-to-run noise
   (`NoisyReplay`), each seed a new set of runs, and scores against the table itself.
 
@@ -51,7 +53,14 @@ from infertune_tuner.search.model import features
 from infertune_tuner.space import build_space
 
 DEV_WORLDS = Path(__file__).resolve().parent / "dev-worlds"
-DEV_FAMILIES = ("dev-synthetic", "dev-vllm")
+REAL_WORLDS = Path(__file__).resolve().parent / "real-worlds"
+# Table families: the folder of each and the prefix of its worlds' names there.
+TABLE_FAMILIES = {
+    "dev-synthetic": (DEV_WORLDS, "synthetic"),
+    "dev-vllm": (DEV_WORLDS, "vllm"),
+    "real-gpu": (REAL_WORLDS, ""),
+}
+DEV_FAMILIES = tuple(TABLE_FAMILIES)
 ALL_FAMILIES = (*FAMILIES, *DEV_FAMILIES)
 B11 = [1, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 B12 = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
@@ -115,11 +124,13 @@ def scenario_request(sc: tuple, sampler: str, seed: int, budget: int) -> TuningR
     )  # fmt: skip
 
 
-def dev_request(name: str, sampler: str, seed: int, budget: int) -> TuningRequest:
+def dev_request(
+    name: str, sampler: str, seed: int, budget: int, folder: Path = DEV_WORLDS
+) -> TuningRequest:
     from infertune_operator.api.manifest import load_deployment
     from infertune_operator.api.to_request import to_request
 
-    req = to_request(load_deployment(DEV_WORLDS / f"{name}.json"), default_backend="simulated")
+    req = to_request(load_deployment(folder / f"{name}.json"), default_backend="simulated")
     tuning = req.tuning.model_copy(update={"max_trials": budget, "seed": seed, "sampler": sampler})
     return req.model_copy(update={"tuning": tuning})
 
@@ -177,12 +188,16 @@ class World:
     def request(self, sampler: str = "auto", budget: int = 40) -> TuningRequest:
         if self.scenario is not None:
             return scenario_request(self.scenario, sampler, self.seed, budget)
-        return dev_request(self.name, sampler, self.seed, budget)
+        return dev_request(self.name, sampler, self.seed, budget, self.folder)
+
+    @property
+    def folder(self) -> Path:
+        return TABLE_FAMILIES[self.family][0]
 
     def backend(self, request: TuningRequest) -> BenchmarkBackend | NoisyReplay:
         if self.scenario is not None:
             return WorldBackend(request, self.family, seed=self.seed)
-        return NoisyReplay(load_table(DEV_WORLDS / f"{self.name}.csv"), self.name, self.seed)
+        return NoisyReplay(load_table(self.folder / f"{self.name}.csv"), self.name, self.seed)
 
 
 def worlds(families: list[str], seeds: int, scenarios: list[int] | None = None) -> list[World]:
@@ -192,9 +207,9 @@ def worlds(families: list[str], seeds: int, scenarios: list[int] | None = None) 
             for i in scenarios if scenarios is not None else range(len(SCENARIOS)):
                 sc = SCENARIOS[i]
                 out += [World(fam, sc[0], s, sc) for s in range(seeds)]
-        elif fam in DEV_FAMILIES:
-            prefix = fam.removeprefix("dev-")
-            index = json.loads((DEV_WORLDS / "index.json").read_text())
+        elif fam in TABLE_FAMILIES:
+            folder, prefix = TABLE_FAMILIES[fam]
+            index = json.loads((folder / "index.json").read_text())
             names = sorted(w["world"] for w in index if w["world"].startswith(prefix))
             out += [World(fam, n, s) for n in names for s in range(seeds)]
         else:
