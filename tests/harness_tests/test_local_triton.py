@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -244,3 +245,41 @@ def test_an_unknown_model_body_is_a_clear_error(tmp_path: Path) -> None:
     done = infertune("tune", str(spec), "--backend", "triton:vllm", "--out", str(tmp_path / "o"))
     assert done.returncode == 2
     assert "unknown model body 'vllm'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_mid_trial_stops_the_real_server_and_keeps_the_report(tmp_path: Path) -> None:
+    """SIGINT to the tuner alone (the server not in its process group's reach): exit 130, the
+    report written, no tritonserver left."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("outputTokens: 8", "outputTokens: 4000"))
+    exe = Path(sys.executable).with_name("infertune")
+    out = tmp_path / "out"
+    tuner = subprocess.Popen(
+        [str(exe), "tune", str(spec), "--backend", "triton:simulated", "--out", str(out),
+         "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        for _ in range(900):  # until a server is up and serving
+            logs = list(out.glob("**/server.log"))
+            if logs and "Started GRPCInferenceService" in logs[0].read_text(errors="replace"):
+                break
+            assert tuner.poll() is None, tuner.communicate()
+            asyncio.run(asyncio.sleep(0.1))
+        assert tritonservers_under(out), "no tritonserver started"
+        asyncio.run(asyncio.sleep(1.0))  # mid-load
+        tuner.send_signal(signal.SIGINT)
+        stdout, stderr = tuner.communicate(timeout=60)
+        assert tuner.returncode == 130, stdout + stderr
+        assert "Traceback" not in stderr
+        for _ in range(300):
+            if not tritonservers_under(out):
+                break
+            asyncio.run(asyncio.sleep(0.1))
+        assert not tritonservers_under(out), "tritonserver outlived the interrupted tuner"
+        assert (out / "report.json").exists()
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+        for pid in tritonservers_under(out):
+            os.kill(pid, signal.SIGKILL)
