@@ -53,7 +53,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from worldset import ALL_FAMILIES, Truth, World, truth_of, worlds, write_csv
+from worldset import ALL_FAMILIES, FIT_FAMILIES, Truth, World, truth_of, worlds, write_csv
 
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.run import prior_predictions, tune
@@ -160,9 +160,15 @@ def run_world(
     return out
 
 
-def _lofo(family: str, truths: list[Truth], worlds_: list[World]) -> tuple[str, Hyperprior]:
+def _lofo(
+    family: str, truths: list[Truth], worlds_: list[World], fit_families: list[str]
+) -> tuple[str, Hyperprior]:
+    """The hyperprior fitted on the fit families' worlds, `family` left out."""
     fields = [
-        f for t, w in zip(truths, worlds_, strict=True) if w.family != family for f in t.fields
+        f
+        for t, w in zip(truths, worlds_, strict=True)
+        if w.family != family and w.family in fit_families
+        for f in t.fields
     ]
     return family, fit_hyperprior(fields, f"leave-one-family-out: all but {family}")
 
@@ -173,8 +179,9 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--samplers", default="auto,tpe,random,grid")
     ap.add_argument("--families", default=",".join(ALL_FAMILIES))
-    ap.add_argument("--fit-families", default=",".join(ALL_FAMILIES),
-                    help="families the leave-one-family-out hyperpriors are fitted on")  # fmt: skip
+    ap.add_argument("--fit-families", default=",".join(FIT_FAMILIES),
+                    help="families the leave-one-family-out hyperpriors are fitted on (never "
+                         "the held-out real-GPU worlds)")  # fmt: skip
     ap.add_argument("--hyperprior", choices=("lofo", "shipped"), default="lofo")
     ap.add_argument("--scenarios", default="", help="comma-separated scenario indexes")
     ap.add_argument("--jobs", type=int, default=1, help="worlds run in parallel processes")
@@ -201,11 +208,12 @@ def main() -> None:
         todo = [w for w in everything if w not in cache["truths"]]
         cache["truths"].update(zip(todo, pool.map(truth_of, todo, chunksize=2), strict=True))
         truths = [cache["truths"][w] for w in everything]
-        fit_key = tuple(sorted(everything, key=repr))
+        fit_key = tuple(sorted((w for w in everything if w.family in fit_families), key=repr))
         if args.hyperprior == "lofo":
             need = [f for f in families if (f, fit_key) not in cache["priors"]]
             n = len(need)
-            for fam, prior in pool.map(_lofo, need, [truths] * n, [everything] * n):
+            fitted = pool.map(_lofo, need, [truths] * n, [everything] * n, [fit_families] * n)
+            for fam, prior in fitted:
                 cache["priors"][(fam, fit_key)] = prior
             priors = {f: cache["priors"][(f, fit_key)] for f in families}
         else:
