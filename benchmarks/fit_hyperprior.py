@@ -10,8 +10,10 @@ type-II maximum likelihood for the medians, the spread of each world's own fit f
 prints it per kind of quantity, and with `--write` stores it as
 `tuner/src/infertune_tuner/search/hyperprior.json`, naming the worlds it came from.
 
-It also prints the evidence for `SearchSettings.coverage_floor`: how differently two calibrated
-stacks of TensorRT-LLM (0.5 and 1.x) rank the configurations of each scenario.
+It also prints the evidence for `SearchSettings.coverage_floor` (how differently two calibrated
+stacks of TensorRT-LLM, 0.5 and 1.x, rank the configurations of each scenario) and for
+`LatencyMetric.throughput_tie` (per family, how the E2E, ITL and TTFT errors move with the tok/s/GPU error:
+Little's law under the closed-loop load).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from worldset import ALL_FAMILIES, SCENARIOS, Truth, scenario_request, truth_of, worlds
+from worldset import FIT_FAMILIES, SCENARIOS, Truth, scenario_request, truth_of, worlds
 
 from infertune_tuner.perfmodel.latency import predict
 from infertune_tuner.search.hyperprior import Hyperprior, fit_hyperprior
 from infertune_tuner.search.model import FEATURES
+from infertune_tuner.search.residuals import tie
 from infertune_tuner.space import build_space
 
 OUT = Path(__file__).resolve().parents[1] / "tuner/src/infertune_tuner/search/hyperprior.json"
@@ -63,11 +66,39 @@ def stack_spread() -> list[tuple[str, float]]:
     return out
 
 
+def ties(truths: list[Truth], families: list[str]) -> list[str]:
+    """Per family and latency kind: the medians over worlds of corr(latency error, tok/s/GPU
+    error), of the fitted slope, and of the spread of the latency error with and without the
+    tied part (LatencyMetric.throughput_tie)."""
+    rows: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
+    for fam, t in zip(families, truths, strict=True):
+        fields = {f.kind: f for f in t.fields}
+        base = fields.get("tps")
+        for kind, f in fields.items():
+            if base is None or kind == "tps" or len(f.y) < 5 or f.x.shape != base.x.shape:
+                continue
+            if not np.allclose(f.x, base.x):
+                continue
+            err = f.y + tie(kind) * base.y  # the whole latency error (fields hold its own part)
+            slope = float(np.polyfit(base.y, err, 1)[0])
+            corr = float(np.corrcoef(base.y, err)[0, 1])
+            rows.setdefault((fam, kind), []).append(
+                (corr, slope, float(np.std(err)), float(np.std(err + base.y)))
+            )
+    out = []
+    for (fam, kind), v in sorted(rows.items()):
+        a = np.median(np.array(v), axis=0)
+        out.append(f"  {fam:14} {kind:8} worlds {len(v):3}  corr {a[0]:+.2f}  slope {a[1]:+.2f}  "
+                   f"spread {a[2]:.3f} -> {a[3]:.3f} with the tok/s/GPU error added")  # fmt: skip
+    return out
+
+
 def describe(h: Hyperprior) -> str:
     lines = []
     for kind, p in h.kinds:
         parts = [("sigma_global", p.sigma_global), ("sigma_local", p.sigma_local)]
         parts += [(f"l_{f.replace(' ', '_')}", x) for f, x in zip(FEATURES, p.lengths, strict=True)]
+        parts += [(f"trend_{f}", x) for f, x in zip(FEATURES, p.trends, strict=False)]
         lines.append(
             f"  {kind:8} "
             + "  ".join(f"{n} {x.median:.3f} (x/ {math.exp(x.sd_log):.2f})" for n, x in parts)
@@ -75,9 +106,11 @@ def describe(h: Hyperprior) -> str:
     return "\n".join(lines)
 
 
-def truths(families: list[str], seeds: int, jobs: int) -> list[Truth]:
+def truths(families: list[str], seeds: int, jobs: int) -> tuple[list[Truth], list[str]]:
+    """Every world's truth, and its family."""
+    todo = worlds(families, seeds)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(truth_of, worlds(families, seeds), chunksize=2))
+        return list(pool.map(truth_of, todo, chunksize=2)), [w.family for w in todo]
 
 
 def main() -> None:
@@ -87,8 +120,9 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help=f"write {OUT.name}")
     args = ap.parse_args()
     started = time.perf_counter()
-    families = list(ALL_FAMILIES)
-    fields = [f for t in truths(families, args.seeds, args.jobs) for f in t.fields]
+    families = list(FIT_FAMILIES)  # the held-out real-GPU worlds never
+    every, of_family = truths(families, args.seeds, args.jobs)
+    fields = [f for t in every for f in t.fields]
     source = (
         f"benchmarks/fit_hyperprior.py --seeds {args.seeds}: residual fields of "
         f"{', '.join(families)}"
@@ -97,6 +131,10 @@ def main() -> None:
     print(f"hyperprior from {len(fields)} residual fields ({time.perf_counter() - started:.0f} s); "
           "median (x/ one standard deviation)")  # fmt: skip
     print(describe(h))
+    print(
+        "\nlatency errors against the tok/s/GPU error (medians over worlds; LatencyMetric.throughput_tie):"
+    )
+    print("\n".join(ties(every, of_family)))
     spreads = stack_spread()
     ranges = [r for _, r in spreads]
     print(f"\nstack spread (trtllm-0.5 vs trtllm-1.2, 5-95 % range of log tok/s/GPU ratio): "

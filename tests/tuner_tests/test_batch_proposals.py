@@ -35,11 +35,13 @@ def _batch(planner: Planner, k: int) -> list[TrialConfig]:
 
 def test_a_proposal_beside_a_trial_in_flight_must_be_able_to_beat_it() -> None:
     planner, tps = _planner()
-    first, second = _batch(planner, 2)
-    assert second != first
+    flying = TrialConfig(4, 128, "fp8", "fp8")  # predicted to meet the SLO with room to spare
+    assert planner.priors[flying].e2e_ms.p95 < 0.7 * planner.request.slo[0].max_ms
+    d = planner.decide(Known.build(planner.request, {}, {flying}), remaining=40)
+    assert d.config is not None and d.config != flying
     # The trial in flight is believed feasible at its predicted tok/s/GPU: it is the incumbent
-    # the second worker must beat, so it does not spend a GPU set on a slower neighbour.
-    assert tps[second] > tps[first] * (1 + SearchSettings().improvement)
+    # the next worker must beat, so it does not spend a GPU set on a slower neighbour.
+    assert tps[d.config] > tps[flying] * (1 + SearchSettings().improvement)
 
 
 def test_four_workers_propose_four_distinct_configurations() -> None:

@@ -38,6 +38,10 @@ class LatencyMetric:
     description: str  # the CRD's description of the spec.slo field
     decimals: int = 0  # how many decimals tables show
     unit: str = "ms"
+    # How this metric's log-error moves with the tok/s/GPU log-error under the tuner's
+    # closed-loop load (Little's law; search/residuals.py has the evidence): -1 for E2E and ITL,
+    # 0 for TTFT (admission, not throughput, decides it).
+    throughput_tie: float = 0.0
 
     @property
     def wire(self) -> str:
@@ -81,11 +85,12 @@ ITL = LatencyMetric(
     "itl_ms", "ITL", "itl_ms", "itl",
     "Inter-token latency per request, (E2E - TTFT) / (output tokens - 1), as GenAI-Perf "
     "defines it; percentiles over requests.",
-    decimals=1,
+    decimals=1, throughput_tie=-1.0,
 )  # fmt: skip
 E2E = LatencyMetric(
-    "e2e_ms", "E2E", "e2e_latency_ms", "e2e", "Request latency, send to last token."
-)
+    "e2e_ms", "E2E", "e2e_latency_ms", "e2e", "Request latency, send to last token.",
+    throughput_tie=-1.0,
+)  # fmt: skip
 LATENCY_METRICS: tuple[LatencyMetric, ...] = (TTFT, ITL, E2E)
 
 OBJECTIVE = ThroughputMetric(

@@ -26,7 +26,7 @@ from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.model import Quantity
+from infertune_tuner.search.joint import Posterior
 
 BELIEVED = "believed: a trial in flight, at its posterior mean"
 
@@ -36,7 +36,7 @@ def believed(
     known: Known,
     flying: Sequence[TrialConfig],
     priors: dict[TrialConfig, Prediction],
-    quantities: dict[str, Quantity],
+    posterior: Posterior,
     p_fit: np.ndarray,
 ) -> Known:
     """`known` with a believed measurement for each configuration of `flying`.
@@ -46,8 +46,8 @@ def believed(
         known: What the study measured, and what is in flight.
         flying: The in-flight configurations to believe (not measured yet).
         priors: The performance model's prediction per configuration.
-        quantities: The posterior of tok/s/GPU ('tps') and of each SLO bound's quantity
-            ('metric/percentile'), as log-residuals against the prediction.
+        posterior: The posterior of tok/s/GPU and of each SLO bound's quantity
+            ('metric/percentile'), as log-residuals against the prediction (joint.py).
         p_fit: P(fits in memory) per configuration of `flying`.
 
     Returns:
@@ -55,8 +55,8 @@ def believed(
         posterior mean (an OOM where it more likely does not fit); still in flight.
     """
     runs = dict(known.runs)
-    tps_shift = quantities["tps"].marginal(list(flying))[0]
-    shifts = {key: q.marginal(list(flying))[0] for key, q in quantities.items() if key != "tps"}
+    tps_shift = posterior.mean("tps", flying)
+    shifts = {key: posterior.mean(key, flying) for key in posterior.own}
     for i, cfg in enumerate(flying):
         if p_fit[i] < 0.5:
             runs[cfg] = [Measurement.failed("oom", BELIEVED)]

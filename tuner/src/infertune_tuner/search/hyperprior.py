@@ -36,8 +36,9 @@ from scipy.optimize import minimize
 from scipy.stats import norm, qmc
 
 from infertune_tuner.metrics import LATENCY_METRICS
+from infertune_tuner.search.kernel import N_FEATURES, TREND_FEATURES, Hyper, terms
 
-N_FEATURES = 5  # model.FEATURES: batch, TP, weight width, compute path, KV width
+N_TRENDS = len(TREND_FEATURES)
 # Quantities pooled into one kind: tok/s/GPU, and each latency metric over its percentiles.
 KINDS = ("tps", *(m.key for m in LATENCY_METRICS))
 # A world's own setting may lie outside the spread of the worlds the hyperprior was fitted on:
@@ -48,7 +49,7 @@ MIN_SD_LOG = 0.35
 FIT_NOISE = 0.02  # residual fields are typical runs (population-sized samples): little noise
 FIT_POINTS = 48  # configurations per world in a fit (a deterministic subsample)
 MAP_SD_LOG = 1.0  # a world's own fit is regularised towards the pooled one by this much
-BOUNDS_LOG = ((-5.0, 1.5), (-5.0, 1.5)) + ((-2.5, 3.5),) * N_FEATURES
+BOUNDS_LOG = ((-5.0, 1.5), (-5.0, 1.5)) + ((-2.5, 3.5),) * N_FEATURES + ((-6.0, 0.5),) * N_TRENDS
 
 
 @dataclass(frozen=True)
@@ -58,32 +59,16 @@ class LogNormal:
 
 
 @dataclass(frozen=True)
-class Hyper:
-    """One hyperparameter setting of the posterior's kernel (see model.kernel)."""
-
-    sigma_global: float
-    sigma_local: float
-    lengths: tuple[float, ...]
-
-    def as_log(self) -> np.ndarray:
-        return np.log([self.sigma_global, self.sigma_local, *self.lengths])
-
-    @classmethod
-    def from_log(cls, v: Sequence[float]) -> Hyper:
-        e = [float(math.exp(x)) for x in v]
-        return cls(e[0], e[1], tuple(e[2:]))
-
-
-@dataclass(frozen=True)
 class KindPrior:
     """The hyperprior of one kind of quantity: a log-normal per hyperparameter."""
 
     sigma_global: LogNormal
     sigma_local: LogNormal
     lengths: tuple[LogNormal, ...]
+    trends: tuple[LogNormal, ...] = ()
 
     def parts(self) -> tuple[LogNormal, ...]:
-        return (self.sigma_global, self.sigma_local, *self.lengths)
+        return (self.sigma_global, self.sigma_local, *self.lengths, *self.trends)
 
     def median(self) -> Hyper:
         return Hyper.from_log([math.log(p.median) for p in self.parts()])
@@ -133,6 +118,7 @@ class Hyperprior:
                     "sigma_global": ln(p.sigma_global),
                     "sigma_local": ln(p.sigma_local),
                     "lengths": [ln(x) for x in p.lengths],
+                    "trends": [ln(x) for x in p.trends],
                 }
                 for k, p in self.kinds
             },
@@ -147,7 +133,10 @@ class Hyperprior:
             (
                 k,
                 KindPrior(
-                    ln(v["sigma_global"]), ln(v["sigma_local"]), tuple(ln(x) for x in v["lengths"])
+                    ln(v["sigma_global"]),
+                    ln(v["sigma_local"]),
+                    tuple(ln(x) for x in v["lengths"]),
+                    tuple(ln(x) for x in v.get("trends", [])),
                 ),
             )
             for k, v in data["kinds"].items()
@@ -180,10 +169,12 @@ class Field:
 def _nll_grad(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     """Negative log marginal likelihood of one field and its gradient in log hyperparameters."""
     sg, sl = math.exp(theta[0]), math.exp(theta[1])
-    ls = np.exp(theta[2:])
-    diff2 = (x[:, None, :] - x[None, :, :]) ** 2
-    e = np.exp(-0.5 * (diff2 / ls**2).sum(axis=2))
-    k = sg**2 + sl**2 * e + FIT_NOISE**2 * np.eye(len(y))
+    ls = np.exp(theta[2 : 2 + N_FEATURES])
+    st = np.exp(theta[2 + N_FEATURES :])
+    t = terms(x, x, ls, len(st))
+    trend = [s**2 * part for s, part in zip(st, t.trend, strict=True)]
+    k = sg**2 + sl**2 * t.shape + sum(trend, np.zeros_like(t.shape))
+    k = k + FIT_NOISE**2 * np.eye(len(y))
     try:
         chol = np.linalg.cholesky(k)
     except np.linalg.LinAlgError:
@@ -194,9 +185,11 @@ def _nll_grad(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, n
     w = 0.5 * (np.outer(alpha, alpha) - k_inv)
     grad = np.empty_like(theta)
     grad[0] = -2 * sg**2 * w.sum()
-    grad[1] = -2 * sl**2 * float((w * e).sum())
-    for j in range(len(ls)):
-        grad[2 + j] = -float((w * sl**2 * e * diff2[:, :, j] / ls[j] ** 2).sum())
+    grad[1] = -2 * sl**2 * float((w * t.shape).sum())
+    for d in range(len(ls)):
+        grad[2 + d] = -float((w * sl**2 * t.shape * t.diff2[:, :, d] / ls[d] ** 2).sum())
+    for j, part in enumerate(trend):
+        grad[2 + N_FEATURES + j] = -2 * float((w * part).sum())
     return nll, grad
 
 
@@ -224,7 +217,7 @@ def _fit(
     best = None
     for shift in shifts:
         init = start.copy()
-        init[2:] += shift
+        init[2 : 2 + N_FEATURES] += shift
         r = minimize(objective, init, jac=True, method="L-BFGS-B", bounds=BOUNDS_LOG)
         if best is None or r.fun < best.fun:
             best = r
@@ -238,13 +231,15 @@ def fit_kind(fields: Sequence[Field]) -> KindPrior:
     families = sorted({f.family for f in fields})
     per_family = {fam: sum(1 for f in fields if f.family == fam) for fam in families}
     weights = [1.0 / (per_family[f.family] * len(families)) for f in fields]
-    start = np.log([0.2, 0.2, *([1.5] * N_FEATURES)])
+    start = np.log([0.2, 0.2, *([1.5] * N_FEATURES), *([0.05] * N_TRENDS)])
     pooled = _fit(fields, weights, start, shifts=(0.0, 0.7, -0.7))
     own = np.array([_fit([f], [1.0], pooled, center=pooled) for f in fields])
     spread = np.sqrt(np.average((own - pooled) ** 2, axis=0, weights=weights))
     sd = np.maximum(spread * INFLATE, MIN_SD_LOG)
     parts = [LogNormal(float(math.exp(m)), float(s)) for m, s in zip(pooled, sd, strict=True)]
-    return KindPrior(parts[0], parts[1], tuple(parts[2:]))
+    return KindPrior(
+        parts[0], parts[1], tuple(parts[2 : 2 + N_FEATURES]), tuple(parts[2 + N_FEATURES :])
+    )
 
 
 def fit_hyperprior(fields: Sequence[Field], source: str = "") -> Hyperprior:

@@ -5,8 +5,9 @@ For each quantity the search needs (tok/s/GPU and every bounded latency percenti
 performance model's prediction is the prior mean, and the log of measured / predicted is modelled
 as a Gaussian process over configuration features (`FEATURES`):
 
-    log(measured / predicted)(x) ~ GP(0, k),
+    log(measured / predicted)(x) ~ GP(0, k),   k: kernel.py
     k(x, x') = sigma_global^2 + sigma_local^2 * exp(-sum_d (x_d - x'_d)^2 / (2 l_d^2))
+               + a slope along batch and TP per trend_j (kernel.py)
     y = f(x) + measurement noise (its variance divided by the number of repeats)
 
 - `sigma_global`: an error the whole pool shares (a faster or slower serving stack);
@@ -15,7 +16,13 @@ as a Gaussian process over configuration features (`FEATURES`):
   was measured, so a configuration unlike anything measured is never written off merely because
   other configurations were measured;
 - `l_d`: how far along feature d a shape error stays alike (a short batch length: the error
-  changes from one batch size to the next; a long TP length: TP sizes share it).
+  changes from one batch size to the next; a long TP length: TP sizes share it);
+- `trend_j`: how steeply the error may grow along log batch and log TP (a batching efficiency
+  or an all-reduce cost the roofline scales wrongly), a slope that may differ between TP sizes
+  and precisions.
+
+The latency quantities that Little's law ties to tok/s/GPU are modelled through it (joint.py):
+what this module fits for them is the part of their error of their own.
 
 None of these is fixed. A run weighs a set of settings spread over the hyperprior
 (hyperprior.py: fitted across worlds of many forms) by the marginal likelihood of its own
@@ -41,7 +48,8 @@ from scipy.special import ndtr
 
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.search.hyperprior import Hyper, KindPrior
+from infertune_tuner.search.hyperprior import KindPrior
+from infertune_tuner.search.kernel import Hyper, kernel, prior_variance
 
 # Features are scaled so that one unit means "quite different": a 4x batch change, a TP
 # doubling, a weight width halving, a change of tensor-core path, a KV-cache width halving.
@@ -94,13 +102,6 @@ class Observation:
     config: TrialConfig
     log_ratio: float
     repeats: int = 1
-
-
-def kernel(a: np.ndarray, b: np.ndarray, h: Hyper) -> np.ndarray:
-    """k(a_i, b_j) for feature rows `a` and `b` under setting `h`."""
-    ls = np.asarray(h.lengths)
-    d2 = (((a[:, None, :] - b[None, :, :]) / ls) ** 2).sum(axis=2)
-    return h.sigma_global**2 + h.sigma_local**2 * np.exp(-0.5 * d2)
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,12 @@ class Quantity:
                 ll, chol, alpha = _condition(x, y, noise_var, h)
             except np.linalg.LinAlgError:
                 continue
+            if not math.isfinite(ll):
+                continue
             fitted.append((h, chol, alpha))
             lls.append(ll)
+        if not fitted:  # the noise on the diagonal keeps every setting positive definite
+            raise ValueError(f"{key}: no hyperparameter setting gives a finite likelihood")
         w = np.exp(np.array(lls) - max(lls))
         w /= w.sum()
         comps = tuple(
@@ -185,12 +190,22 @@ class Quantity:
         return cls(key, x, _prune(comps), sd)
 
     def _moments(self, x: np.ndarray, c: _Component) -> tuple[np.ndarray, np.ndarray]:
-        prior_var = np.full(len(x), c.hyper.sigma_global**2 + c.hyper.sigma_local**2)
+        prior_var = prior_variance(x, c.hyper)
         if c.chol is None:
             return np.zeros(len(x)), prior_var
         cross = kernel(self.train_x, x, c.hyper)
         v = np.linalg.solve(c.chol, cross)
         return cross.T @ c.alpha, np.clip(prior_var - (v * v).sum(axis=0), 1e-12, None)
+
+    def moments(self, configs: Sequence[TrialConfig]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per mixture component: its weight (C), and its mean and standard deviation at each
+        configuration (C x len(configs))."""
+        x = np.array([features(c) for c in configs]).reshape(len(configs), len(FEATURES))
+        weights = np.array([c.weight for c in self.components])
+        pairs = [self._moments(x, c) for c in self.components]
+        mean = np.array([mu for mu, _ in pairs]).reshape(len(pairs), len(configs))
+        sd = np.sqrt(np.array([var for _, var in pairs])).reshape(len(pairs), len(configs))
+        return weights, mean, sd
 
     def marginal(self, configs: Sequence[TrialConfig]) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and standard deviation of the mixture (no joint structure)."""
@@ -239,7 +254,7 @@ class Quantity:
             if not len(rows):
                 continue
             mean, cov = self._joint(x, c)
-            scale = c.hyper.sigma_global**2 + c.hyper.sigma_local**2
+            scale = float(prior_variance(x, c.hyper).max())
             try:
                 root = np.linalg.cholesky(cov + np.eye(len(x)) * 1e-9 * scale)
             except np.linalg.LinAlgError:  # numerically not positive definite: fall back

@@ -40,8 +40,8 @@ from infertune_tuner.search.classify import Exclusion, Ruling, classify
 from infertune_tuner.search.confirm import confirmations
 from infertune_tuner.search.coverage import CoverageInput, Gap, gaps
 from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.joint import Posterior, log_bound
 from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
-from infertune_tuner.search.model import Quantity, learned_noise
 from infertune_tuner.search.plausibility import decode_bound
 from infertune_tuner.search.residuals import bound_key, predicted, residuals
 from infertune_tuner.search.settings import SearchSettings
@@ -114,13 +114,9 @@ class Planner:
 
     # -- the posterior
 
-    def _quantities(self, known: Known) -> dict[str, Quantity]:
-        r = residuals(self.request, self.priors, known)
-        hp = self.settings.hyperprior
-        return {
-            k: Quantity.fit(k, v, prior=hp.of(k), noise=learned_noise(k, r.repeats[k]))
-            for k, v in r.observations.items()
-        }
+    def posterior(self, known: Known) -> Posterior:
+        """The posterior of every quantity, given the run's valid measurements (joint.py)."""
+        return Posterior.fit(residuals(self.request, self.priors, known), self.settings.hyperprior)
 
     def gaps(self, known: Known, a: Assessment) -> list[Gap]:
         """The structures that could hold the optimum and were not measured near their
@@ -154,7 +150,7 @@ class Planner:
         if not flying:
             return known
         p_fit = self._fit_model(known).probability(np.array([self.margin[c] for c in flying]))
-        return believed(self.request, known, flying, self.priors, self._quantities(known), p_fit)
+        return believed(self.request, known, flying, self.priors, self.posterior(known), p_fit)
 
     def _fit_model(self, known: Known) -> FitModel:
         """Fits = the KV cache held max-batch sequences: an OOM or a capped run says no."""
@@ -190,26 +186,27 @@ class Planner:
         return out, ruled
 
     def _marginal(
-        self, cands: list[TrialConfig], qs: dict[str, Quantity], fit: FitModel, threshold: float
+        self, cands: list[TrialConfig], post: Posterior, fit: FitModel, threshold: float
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per candidate, ignoring correlations: P(success), P(fit) and P(beats `threshold`)."""
+        """Per candidate on its own (no correlation between candidates): P(success), P(fit)
+        and P(succeeds and beats `threshold`)."""
         if not cands:
             z = np.zeros(0)
             return z, z, z
         log_prior = np.log([self.priors[c].output_tokens_per_s_per_gpu for c in cands])
-        p = np.ones(len(cands))
+        bounds: dict[str, np.ndarray] = {}
         for b, key in zip(self.request.slo, self.keys, strict=True):
-            pred = np.log([predicted(self.priors[c], b) for c in cands])
-            p *= qs[key].probability(cands, math.log(b.max_ms) - pred, below=True)
+            limit = log_bound(b.max_ms, np.array([predicted(self.priors[c], b) for c in cands]))
+            bounds[key] = np.minimum(bounds[key], limit) if key in bounds else limit
         floor = self.request.min_output_tokens_per_s_per_gpu
-        if floor is not None:
-            p *= qs["tps"].probability(cands, math.log(floor) - log_prior, below=False)
+        low = None if floor is None else math.log(floor) - log_prior
         p_fit = fit.probability(np.array([self.margin[c] for c in cands]))
-        p_success = p * p_fit
+        p_success = post.success(cands, bounds, low) * p_fit
         if threshold <= 0:
             return p_success, p_fit, p_success
-        above = qs["tps"].probability(cands, math.log(threshold) - log_prior, below=False)
-        return p_success, p_fit, p_success * above
+        above = math.log(threshold) - log_prior
+        above = above if low is None else np.maximum(above, low)
+        return p_success, p_fit, post.success(cands, bounds, above) * p_fit
 
     def assess(self, known: Known, *, include_in_flight: bool = True) -> Assessment:
         """Sample the posterior jointly over the untried, in-flight and measured feasible.
@@ -233,13 +230,13 @@ class Planner:
         flying = sorted(known.in_flight - set(known.measured)) if include_in_flight else []
         best = known.best()
         feasible = sorted(known.feasible())
-        qs = self._quantities(known)
+        post = self.posterior(known)
         fit_model = self._fit_model(known)
         slack = 0.0
         if best is not None:
-            slack = 3 * float(qs["tps"].marginal([best])[1][0])
+            slack = 3 * float(post.tps.marginal([best])[1][0])
         threshold = known.best_tps() * (1 + st.improvement) * math.exp(-slack)
-        m_success, m_fit, m_beat = self._marginal(cands, qs, fit_model, threshold)
+        m_success, m_fit, m_beat = self._marginal(cands, post, fit_model, threshold)
         order = np.argsort(-m_beat, kind="stable")
         keep = [i for i in order if m_beat[i] >= st.negligible] or list(order[:1])
         keep = sorted(set(keep) | set(order[: st.joint_at_least].tolist()))
@@ -248,13 +245,13 @@ class Planner:
         n, m = st.draws, len(pool)
         rng = np.random.default_rng([self.seed, known.executed, m])
         prior_tps = np.array([self.priors[c].output_tokens_per_s_per_gpu for c in pool])
-        tps = prior_tps * np.exp(qs["tps"].sample(pool, n, rng))
+        tps_err, lat_err = post.sample(pool, n, rng, joint)
+        tps = prior_tps * np.exp(tps_err)
         untested = len(joint)
         success = np.ones((n, m), dtype=bool)
         for b, key in zip(self.request.slo, self.keys, strict=True):
             pred = np.array([predicted(self.priors[c], b) for c in joint])
-            lat = pred * np.exp(qs[key].sample(joint, n, rng))
-            success[:, :untested] &= lat <= b.max_ms
+            success[:, :untested] &= pred * np.exp(lat_err[key]) <= b.max_ms
         if self.request.min_output_tokens_per_s_per_gpu is not None:
             success[:, :untested] &= (
                 tps[:, :untested] >= self.request.min_output_tokens_per_s_per_gpu
