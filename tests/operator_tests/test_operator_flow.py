@@ -330,6 +330,18 @@ async def test_invalid_spec_sets_condition_and_warns_without_retrying(
     await warning_events(api, "bad", "InvalidSpec")
     assert jobs_of(api, "bad") == []
 
+    # A source the runtime cannot open (s3://): refused with the reason, never rendered.
+    await patch(api, "inferencedeployments", "bad", {"spec": {
+        "gpu": {"product": "L4-24GB"},
+        "model": {"source": {"uri": "s3://bucket/llama"}},
+    }})  # fmt: skip
+    await wait_for(
+        lambda: "s3:// is not a source" in condition(_idf(api, "bad"), "Tuned").get("message", ""),
+        what="the s3:// problem in the condition",
+    )
+    assert jobs_of(api, "bad") == []
+    await patch(api, "inferencedeployments", "bad", {"spec": {"model": {"source": None}}})
+
     # A field the CRD schema lets through but the models reject: every problem is listed.
     await patch(api, "inferencedeployments", "bad", {"spec": {
         "gpu": {"product": "L4-24GB"},

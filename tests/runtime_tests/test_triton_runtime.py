@@ -40,6 +40,7 @@ from infertune_tuner.runtime.weights import (
     default_model_id,
     kv_dtype_from_quant_config,
     model_path_for,
+    uri_problem,
 )
 
 UPSTREAM_MODEL_YAML = {"model", "backend", "tensor_parallel_size", "pipeline_parallel_size",
@@ -183,11 +184,21 @@ def test_checkpoint_choice() -> None:
         ("pvc://models", "/models"),
         ("hf://meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-hf"),
         ("file:///data/llama", "/data/llama"),
-        ("s3://bucket/llama", "s3://bucket/llama"),
+        ("nvidia/Llama-3.1-8B-Instruct-FP8", "nvidia/Llama-3.1-8B-Instruct-FP8"),
     ],
 )
 def test_model_path_for(uri: str, path: str) -> None:
     assert model_path_for(uri) == path
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/llama", "gs://bucket/llama", "https://x/y", "llama"])
+def test_a_source_the_runtime_cannot_open_is_never_rendered(uri: str) -> None:
+    # TensorRT-LLM's LLM API treats any string that is not a directory as a Hugging Face id
+    # (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/utils.py, download_hf_model): s3:// would be sent
+    # to the Hub. infertune refuses it instead of rendering a model.yaml that cannot load.
+    assert uri_problem(uri) is not None
+    with pytest.raises(ValueError, match="pvc://"):
+        model_path_for(uri)
 
 
 def test_default_model_id() -> None:

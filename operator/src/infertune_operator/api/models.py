@@ -37,7 +37,7 @@ from infertune_tuner import defaults
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, KvCacheDtype, Quantization
 from infertune_tuner.metrics import LATENCY_METRICS, LatencyMetric, listing
 from infertune_tuner.request import Sampler
-from infertune_tuner.runtime.weights import pvc_claims
+from infertune_tuner.runtime.weights import URI_PATTERN, pvc_claims, uri_problem
 from infertune_tuner.schema import to_camel, with_fields
 
 GROUP = "infertune.io"
@@ -86,12 +86,28 @@ class StorageSecretRef(SecretKeyRef):
     )  # fmt: skip
 
 
-class ModelSource(ApiModel):
-    uri: str = Field(
+def _loadable(uri: str) -> str:
+    """A weights URI the serving runtime can open (runtime/weights.py decides)."""
+    if (problem := uri_problem(uri)) is not None:
+        raise ValueError(problem)
+    return uri
+
+
+WeightsUri = Annotated[
+    str,
+    Field(
         min_length=1,
-        description="Where the weights live: pvc://claim/path, hf://org/name, s3://bucket/key.",
-        pattern=r"^(pvc|hf|s3|gs|file)://.+",
-    )
+        pattern=URI_PATTERN,
+        description="Where the weights live: pvc://claim/path (mounted read-only), "
+        "hf://org/name or org/name (downloaded into the model cache), file:///path. Object "
+        "stores (s3://, gs://) are not loadable by the runtime: copy the weights to a volume.",
+    ),
+    BeforeValidator(_loadable),  # after Field: runs first (its message), the pattern stays in the CRD
+]
+
+
+class ModelSource(ApiModel):
+    uri: WeightsUri
     token_secret_ref: SecretKeyRef | None = Field(
         default=None,
         description="A Hugging Face token for gated models: passed as HF_TOKEN to the tuner and "
@@ -136,7 +152,7 @@ class ModelSpec(ApiModel):
         description="Catalog key (llama-2-70b, see `infertune models`) or a Hugging Face id mapping to one.",
     )
     source: ModelSource | None = None
-    checkpoints: dict[Quantization, str] = Field(
+    checkpoints: dict[Quantization, WeightsUri] = Field(
         default_factory=dict,
         max_length=6,
         description="Quantization -> URI of a pre-quantized (ModelOpt) checkpoint.",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,13 +73,45 @@ def split_pvc(uri: str) -> tuple[str, str] | None:
     return claim, path.strip("/")
 
 
+# What the runtime can open. TensorRT-LLM's LLM API loads a local directory or, for any other
+# string, a Hugging Face id (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/utils.py,
+# `download_hf_model`): an `s3://` or `gs://` URI would be sent to the Hub as an id and fail.
+# So infertune accepts exactly: pvc:// (mounted), file:// (a path inside the image or a volume),
+# hf:// and a bare `org/name` Hugging Face id.
+LOADABLE_SCHEMES = ("pvc", "hf", "file")
+URI_PATTERN = r"^((pvc|hf|file)://.+|[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+)$"
+_HF_ID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$")
+
+
+def uri_problem(uri: str) -> str | None:
+    """Why the serving runtime cannot load weights from `uri`, or None when it can."""
+    scheme, sep, rest = uri.partition("://")
+    if sep and scheme in LOADABLE_SCHEMES and rest:
+        return None
+    if not sep and _HF_ID.match(uri):
+        return None
+    if sep:
+        return (
+            f"{scheme}:// is not a source the runtime can load ({uri!r}): TensorRT-LLM loads a "
+            "directory or a Hugging Face id. Copy the weights to a volume and use "
+            "pvc://claim/path, or use hf://org/name"
+        )
+    return (
+        f"{uri!r} is neither a URI (pvc://claim/path, hf://org/name, file:///path) nor a "
+        "Hugging Face id (org/name)"
+    )
+
+
 def model_path_for(uri: str, models_root: str = MODELS_ROOT) -> str:
     """What model.yaml's `model` holds for a URI: a local path or a Hugging Face id.
 
     pvc://claim/path -> <models_root>/path (the claim is mounted there); hf://org/name ->
-    org/name; file:///abs -> /abs; anything else (s3://, gs://, a bare id or path) unchanged,
-    for a loader or init step that understands it.
+    org/name; file:///abs -> /abs; a bare org/name id unchanged. Any other scheme raises
+    ValueError (`uri_problem`): the API refuses such sources before anything renders.
     """
+    problem = uri_problem(uri)
+    if problem is not None:
+        raise ValueError(problem)
     pvc = split_pvc(uri)
     if pvc is not None:
         return f"{models_root.rstrip('/')}/{pvc[1]}" if pvc[1] else models_root
