@@ -50,6 +50,7 @@ def test_examples_validate(path: Path, cli: CliRunner) -> None:
     result = cli.invoke(app, ["validate", str(path)])
     assert result.exit_code == 0, result.output
     assert "valid InferenceDeployment" in result.output
+    assert "warning" not in result.stderr  # e.g. a gated model must name its token
 
 
 def test_one_run_names_every_bad_field(tmp_path: Path, cli: CliRunner) -> None:

@@ -182,14 +182,26 @@ STRICT: list[tuple[str, Edit, str]] = [
     ("gpu-empty", put("spec.gpu.product", ""), "spec.gpu.product"),
     ("source-ftp", put("spec.model.source", {"uri": "ftp://weights"}), "spec.model.source.uri"),
     # Object stores: TensorRT-LLM would send the URI to the Hugging Face Hub as an id.
-    ("source-s3", put("spec.model.source", {"uri": "s3://bucket/llama"}),
-     "spec.model.source.uri: s3:// is not a source the runtime can load"),
-    ("source-gs", put("spec.model.source", {"uri": "gs://bucket/llama"}),
-     "spec.model.source.uri: gs:// is not a source the runtime can load"),
-    ("checkpoint-s3", put("spec.model.checkpoints", {"fp8": "s3://bucket/llama-fp8"}),
-     "spec.model.checkpoints.fp8: s3:// is not a source the runtime can load"),
-    ("checkpoint-not-an-id", put("spec.model.checkpoints", {"fp8": "llama-fp8"}),
-     "spec.model.checkpoints.fp8"),
+    (
+        "source-s3",
+        put("spec.model.source", {"uri": "s3://bucket/llama"}),
+        "spec.model.source.uri: s3:// is not a source the runtime can load",
+    ),
+    (
+        "source-gs",
+        put("spec.model.source", {"uri": "gs://bucket/llama"}),
+        "spec.model.source.uri: gs:// is not a source the runtime can load",
+    ),
+    (
+        "checkpoint-s3",
+        put("spec.model.checkpoints", {"fp8": "s3://bucket/llama-fp8"}),
+        "spec.model.checkpoints.fp8: s3:// is not a source the runtime can load",
+    ),
+    (
+        "checkpoint-not-an-id",
+        put("spec.model.checkpoints", {"fp8": "llama-fp8"}),
+        "spec.model.checkpoints.fp8",
+    ),
     ("source-empty", put("spec.model.source", {"uri": ""}), "spec.model.source.uri"),
     (
         "checkpoint-unknown-quant",

@@ -453,3 +453,24 @@ async def test_a_deleted_service_of_a_ready_deployment_comes_back(
         assert phase(api, "heal") == "Ready"
     finally:
         await runner.stop()
+
+
+async def test_a_gated_model_without_a_token_is_warned_once_when_tuning_starts(
+    api: FakeApiServer, operator: OperatorRunner
+) -> None:
+    gated = {"name": "llama-3-8b", "source": {"uri": "hf://meta-llama/Meta-Llama-3-8B-Instruct"}}
+    search = {"tensorParallel": [1], "maxBatchSize": [4, 8], "quantization": ["bf16"],
+              "kvCacheDtype": ["auto"]}  # fmt: skip
+    tuning = {"backend": "triton", "maxTrials": 4, "seed": 1}
+    await create(api, manifest("gated", model=gated, search=search, tuning=tuning))
+    await _wait_job(api, "gated")
+    [event] = await warning_events(api, "gated", "TokenMissing")
+    assert "meta-llama/Meta-Llama-3-8B-Instruct is gated" in event["message"]
+    assert "tokenSecretRef" in event["message"]
+
+    with_token = {**gated, "source": {**gated["source"], "tokenSecretRef": {"name": "hf-token"}}}
+    await create(api, manifest("tokened", model=with_token, search=search, tuning=tuning))
+    await _wait_job(api, "tokened")
+    await wait_for(lambda: phase(api, "tokened") in ("Pending", "Tuning"), what="tuning")
+    assert not [e for e in events_for(api, "tokened") if e["reason"] == "TokenMissing"]
+    assert len([e for e in events_for(api, "gated") if e["reason"] == "TokenMissing"]) == 1

@@ -62,6 +62,7 @@ def validate(
     file: Annotated[Path, typer.Argument(help="InferenceDeployment manifest, YAML or JSON.")],
 ) -> None:
     """Check a manifest; report every problem with its field path (exit 2 when invalid)."""
+    from infertune_operator.api.advisories import advisories
     from infertune_operator.api.feasibility import feasibility_problems
     from infertune_operator.api.manifest import find_deployment_document, validate_document
 
@@ -82,6 +83,8 @@ def validate(
         f"{s.workload.input_tokens} in / {s.workload.output_tokens} out, backend {backend}"
     )
     _show_space(obj)
+    for advisory in advisories(obj):  # valid, but likely to fail on a cluster: say so
+        typer.echo(f"{file}: warning ({advisory.reason}): {advisory.message}", err=True)
 
 
 def _show_space(obj: Any) -> None:

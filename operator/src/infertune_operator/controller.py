@@ -30,6 +30,7 @@ from infertune_operator import (
     tuner_outcome,
     tuner_workers,
 )
+from infertune_operator.api.advisories import advisories
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.naming import Body
 from infertune_operator.render import render_serving
@@ -278,6 +279,9 @@ def _tuning(
             return reconcile.tuning_rejected(str(exc))  # refused: say why, do not retry
         if new and not fresh:  # 409: it existed after all (an earlier operator made it)
             raise _NotNew
+        if fresh:  # once per tuning: what will probably fail, before GPU time is spent on it
+            for advisory in advisories(obj, default_backend=ctx.settings.default_backend):
+                ctx.post_event(body, conditions.Event("Warning", advisory.reason, advisory.message))
     outcome = tuner_outcome.job_outcome(job)
     if outcome.state == "pending":
         detail = None

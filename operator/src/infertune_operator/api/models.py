@@ -102,7 +102,9 @@ WeightsUri = Annotated[
         "hf://org/name or org/name (downloaded into the model cache), file:///path. Object "
         "stores (s3://, gs://) are not loadable by the runtime: copy the weights to a volume.",
     ),
-    BeforeValidator(_loadable),  # after Field: runs first (its message), the pattern stays in the CRD
+    BeforeValidator(
+        _loadable
+    ),  # after Field: runs first (its message), the pattern stays in the CRD
 ]
 
 

@@ -82,6 +82,19 @@ class ModelArch:
         )
 
 
+# Hugging Face organisations whose model repositories are gated: the Hub serves their files only
+# to an account that accepted the repository's terms, so a download needs that account's token.
+# Their model cards carry `extra_gated_*` front matter: meta-llama's licence agreement (every
+# Llama), mistralai's "You need to agree to share your contact information to access this
+# model" (Mistral-7B-Instruct-v0.2 and later, since 2024), google's Gemma terms.
+GATED_HF_ORGS = ("meta-llama", "mistralai", "google")
+
+
+def is_gated(hf_id: str) -> bool:
+    """Whether downloading the Hugging Face repository `org/name` needs an access token."""
+    return hf_id.removeprefix("hf://").split("/", 1)[0] in GATED_HF_ORGS
+
+
 def _m(key: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
        ctx: int, hf: tuple[str, ...], experts: int = 1, active: int = 1,
        head_dim: int = 0) -> ModelArch:  # fmt: skip
