@@ -85,7 +85,8 @@ def test_ok_trial_with_simserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (trial,) = tmp_path.glob("trial-001-*")
     doc = yaml.safe_load((trial / "model_repo/llm/1/model.yaml").read_text())
     assert set(MODEL_YAML_KEYS) <= set(doc)
-    assert doc["model"] == "meta-llama/Meta-Llama-3-8B"
+    # the folder the serving pod's init container (and a real trial) downloads the weights to
+    assert doc["model"] == "/model-cache/weights/meta-llama/Meta-Llama-3-8B"
     assert (doc["tensor_parallel_size"], doc["max_batch_size"]) == (2, 8)
     assert (trial / "model_repo/llm/config.pbtxt").is_file()
 

@@ -193,6 +193,7 @@ def test_shm_model_repo_and_pvc_mounts() -> None:
         "readOnly": True,
     }
     assert "/model-cache" not in mounts  # nothing is downloaded
+    assert "initContainers" not in by_kind(objs)["Deployment"]["spec"]["template"]["spec"]
     assert mounts["/etc/infertune/model-repo"]["configMap"]["name"] == "llama-model-repo"
     # model.yaml points at the fp8 checkpoint's path inside the claim
     doc = yaml.safe_load(by_kind(objs)["ConfigMap"]["data"]["model.yaml"])
@@ -214,8 +215,16 @@ def test_downloaded_weights_use_a_sized_cache_and_the_token_secret() -> None:
         "name": "HF_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}},
     }
+    # model.yaml names the folder the init container downloads the runtime's files to (the LLM
+    # API then downloads nothing: its own download would take the whole repository, .bin too)
     doc = yaml.safe_load(by_kind(objs)["ConfigMap"]["data"]["model.yaml"])
-    assert doc["model"] == "meta-llama/Llama-2-70b-hf"
+    assert doc["model"] == "/model-cache/weights/meta-llama/Llama-2-70b-hf"
+    pod = by_kind(objs)["Deployment"]["spec"]["template"]["spec"]
+    [fetch] = pod["initContainers"]
+    assert fetch["image"] == c["image"] and fetch["env"] == c["env"]
+    assert fetch["command"][0] == "python3" and "snapshot_download" in fetch["command"][2]
+    assert fetch["command"][3:] == ["meta-llama/Llama-2-70b-hf", doc["model"]]
+    assert fetch["volumeMounts"] == [{"name": "model-cache", "mountPath": "/model-cache"}]
     # the operator's model-storage PVC holds the cache instead (ReadWriteMany for replicas)
     shared = Settings(model_storage_pvc="model-cache")
     objs = render_serving(manifest(model=HF_MODEL), TrialConfig(4, 64, "bf16", "auto"), shared)

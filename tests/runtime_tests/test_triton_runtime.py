@@ -100,7 +100,7 @@ def test_model_yaml_has_upstreams_keys_and_only_llm_arguments_besides() -> None:
     assert (doc["backend"], doc["tensor_parallel_size"], doc["pipeline_parallel_size"]) == (
         "pytorch", 4, 1,
     )  # fmt: skip
-    assert doc["model"] == "a/b"
+    assert doc["model"] == "/model-cache/weights/a/b"  # downloaded there before the server starts
     assert (doc["max_batch_size"], doc["max_num_tokens"]) == (128, 8192)
     kv = doc["kv_cache_config"]
     assert isinstance(kv, dict) and set(kv) <= KV_CACHE_CONFIG_FIELDS

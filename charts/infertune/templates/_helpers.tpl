@@ -69,9 +69,27 @@ ServiceAccount in each namespace it tunes in. INFERTUNE_TUNER_CLUSTERROLE carrie
 {{- printf "%s-tuner" (include "infertune.fullname" .) }}
 {{- end }}
 
+{{/*
+"<repository>:<tag>" of image.<which> (operator, tuner or triton). The repository is
+image.<which>.repository when set. Else, for the operator and the tuner only:
+"<image.registry>/infertune-<which>", the names scripts/images.sh pushes (one flat name per image
+under the registry prefix: Docker Hub allows no deeper path), or, with no registry either,
+"infertune/<which>", the local names of the Dockerfile's header and scripts/kind-e2e.sh (not
+published anywhere: a cluster other than kind cannot pull them). The tag is image.<which>.tag,
+else the chart's appVersion, which is also the tag scripts/images.sh pushes by default.
+*/}}
 {{- define "infertune.image" -}}
 {{- $img := index .root.Values.image .which }}
-{{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag) }}
+{{- $repository := $img.repository }}
+{{- if not $repository }}
+{{- $registry := .root.Values.image.registry | default "" | trimSuffix "/" }}
+{{- if $registry }}
+{{- $repository = printf "%s/infertune-%s" $registry .which }}
+{{- else }}
+{{- $repository = printf "infertune/%s" .which }}
+{{- end }}
+{{- end }}
+{{- printf "%s:%s" $repository (default .root.Chart.AppVersion $img.tag) }}
 {{- end }}
 
 {{/*

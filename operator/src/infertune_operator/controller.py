@@ -280,7 +280,10 @@ def _tuning(
         if new and not fresh:  # 409: it existed after all (an earlier operator made it)
             raise _NotNew
         if fresh:  # once per tuning: what will probably fail, before GPU time is spent on it
-            for advisory in advisories(obj, default_backend=ctx.settings.default_backend):
+            for advisory in advisories(
+                obj, default_backend=ctx.settings.default_backend,
+                model_storage_pvc=ctx.settings.model_storage_pvc,
+            ):  # fmt: skip
                 ctx.post_event(body, conditions.Event("Warning", advisory.reason, advisory.message))
     outcome = tuner_outcome.job_outcome(job)
     if outcome.state == "pending":

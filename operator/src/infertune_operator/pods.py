@@ -37,7 +37,6 @@ from typing import Any
 
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.naming import GPU_PRODUCT_LABEL, GPU_RESOURCE, Body
-from infertune_operator.settings import Settings
 from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.runtime import PodShape
 from infertune_tuner.runtime.weights import (
@@ -89,10 +88,11 @@ def token_env(obj: InferenceDeployment) -> list[Body]:
 
 
 def model_storage(
-    uris: Iterable[str], settings: Settings, cache_gib: int
+    uris: Iterable[str], cache_claim: str | None, cache_gib: int
 ) -> tuple[list[Body], list[Body], list[Body], int]:
-    """(volumes, mounts, env, ephemeral GiB) for weights at these URIs (see the module docstring).
-    The ephemeral GiB is what an emptyDir cache may hold (0 without one)."""
+    """(volumes, mounts, env, ephemeral GiB) for weights at these URIs (see the module docstring):
+    downloads go to `cache_claim` (a PVC) when given, else to an emptyDir of `cache_gib`. The
+    ephemeral GiB is what an emptyDir cache may hold (0 without one)."""
     uris = list(uris)
     volumes: list[Body] = []
     mounts: list[Body] = []
@@ -104,8 +104,8 @@ def model_storage(
         )
         mounts.append({"name": "models", "mountPath": MODELS_ROOT, "readOnly": True})
     if uses_model_cache(uris):
-        if settings.model_storage_pvc:
-            cache: Body = {"persistentVolumeClaim": {"claimName": settings.model_storage_pvc}}
+        if cache_claim:
+            cache: Body = {"persistentVolumeClaim": {"claimName": cache_claim}}
         else:
             cache = {"emptyDir": {"sizeLimit": f"{cache_gib}Gi"}}
             ephemeral = cache_gib

@@ -137,7 +137,7 @@ def render_serving(
     if shape.loads_weights:
         uri = weights_uri(request, config)
         v, m, e, ephemeral = model_storage(
-            [uri], settings, cache_gib(request, [config.quantization])
+            [uri], settings.model_storage_pvc, cache_gib(request, [config.quantization])
         )
         volumes += [*v, {"name": "model-repo", "emptyDir": {"sizeLimit": "1Gi"}}]
         mounts += [*m, {"name": "model-repo", "mountPath": REPO_DIR}]
@@ -159,6 +159,18 @@ def render_serving(
     if env:
         container["env"] = env
     container["volumeMounts"] = mounts
+    if shape.fetch_command is not None:
+        # The weights the server loads, and nothing else of the repository, into the model
+        # cache before Triton starts: the same command the tuner ran before its trial.
+        pod["initContainers"] = [{
+            "name": "fetch-weights",
+            "image": container["image"],
+            "command": shape.fetch_command,
+            "env": env,
+            "volumeMounts": [m for m in mounts if m["name"] == "model-cache"],
+            "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+            "securityContext": container_security,
+        }]  # fmt: skip
     failures = startup_failure_threshold(spec.serving.startup_timeout_minutes)
     container["startupProbe"] = _probe(READY_PATH, PROBE_PERIOD_S, failures)
     container["readinessProbe"] = _probe(READY_PATH, PROBE_PERIOD_S, 3)

@@ -43,7 +43,7 @@ from infertune_operator.tuner_workers import WORKER_GPUS_ENV, make_indexed, stor
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime import Ports, TritonRuntime
-from infertune_tuner.runtime.weights import MissingCheckpoint, cache_gib, weights_uri
+from infertune_tuner.runtime.weights import cache_gib, trial_weights
 
 REQUEST_KEY = "request.json"
 TUNER_CONTAINER = "tuner"
@@ -86,20 +86,6 @@ def tuning_request(obj: InferenceDeployment, settings: Settings) -> TuningReques
         default_backend=settings.default_backend,
         default_max_trials=settings.default_max_trials,
     )
-
-
-def trial_weights(request: TuningRequest) -> list[str]:
-    """Every weights URI a trial of this request may load (the base model and the checkpoint of
-    each searched quantization that has one)."""
-    uris: list[str] = []
-    for q in request.search.quantization:
-        try:
-            uri = weights_uri(request, TrialConfig(1, 1, q, "auto"))
-        except MissingCheckpoint:
-            continue
-        if uri not in uris:
-            uris.append(uri)
-    return uris
 
 
 def request_configmap(
@@ -190,8 +176,9 @@ def tuner_job(
         largest = TrialConfig(tuner_gpus(obj), max(request.search.max_batch_size), "bf16", "auto")
         shape = TritonRuntime().pod(request, largest, Ports())
         uris = trial_weights(request)
+        claim = obj.spec.tuning.model_cache_claim or settings.model_storage_pvc
         volumes, mounts, env, ephemeral = model_storage(
-            uris, settings, cache_gib(request, request.search.quantization)
+            uris, claim, cache_gib(request, request.search.quantization)
         )
         shm, shm_mount = shm_volume(shape.shm)
         overrides = obj.spec.serving.resources.model_dump() if obj.spec.serving.resources else None

@@ -32,7 +32,9 @@ def trial_requests(max_batch_size: int, percentiles: Iterable[str] = ()) -> int:
 
 
 # The phases of a real trial, in order (progress reports; a simulated trial has none).
-TrialPhase = Literal["starting server", "loading model", "warm-up", "measuring"]
+TrialPhase = Literal[
+    "downloading weights", "starting server", "loading model", "warm-up", "measuring"
+]
 
 
 @dataclass(frozen=True)

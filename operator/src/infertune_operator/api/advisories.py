@@ -4,6 +4,10 @@ the operator posts them as Warning events when it starts a tuning).
 - **TokenMissing**: a Triton trial or serving pod downloads weights from a gated Hugging Face
   repository (catalog.models.GATED_HF_ORGS) and `spec.model.source.tokenSecretRef` names no
   token: every download would be refused (401/403) and every trial fail.
+- **LargeModelCache**: the tuner pod would keep every downloaded checkpoint in node-local
+  ephemeral storage and needs more than `EPHEMERAL_CACHE_LIMIT_GIB` of it; many GPU nodes have
+  less, and the pod then never schedules (or is evicted mid-download). A PVC
+  (`spec.tuning.modelCacheClaim`, or the chart's `modelStorage.pvc`) holds the cache instead.
 """
 
 from __future__ import annotations
@@ -15,14 +19,23 @@ from infertune_operator.api.to_request import to_request
 from infertune_tuner import defaults
 from infertune_tuner.catalog.models import is_gated
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.weights import (
     MissingCheckpoint,
+    cache_gib,
     model_path_for,
     split_pvc,
+    trial_weights,
+    uses_model_cache,
     weights_uri,
 )
 
 TOKEN_MISSING = "TokenMissing"
+LARGE_MODEL_CACHE = "LargeModelCache"
+# Node-local ephemeral storage is the node's root filesystem: GKE's default node boot disk is
+# 100 GB and an EKS managed node group's root volume 20 GiB unless the pool was made with more.
+# A tuner pod asking for more than this is a bet on how the GPU nodes were provisioned.
+EPHEMERAL_CACHE_LIMIT_GIB = 100
 
 
 @dataclass(frozen=True)
@@ -32,18 +45,40 @@ class Advisory:
 
 
 def advisories(
-    obj: InferenceDeployment, *, default_backend: str = defaults.CLUSTER_BACKEND
-) -> list[Advisory]:
+    obj: InferenceDeployment, *, default_backend: str = defaults.CLUSTER_BACKEND,
+    model_storage_pvc: str | None = None,
+) -> list[Advisory]:  # fmt: skip
     """Every warning for a valid InferenceDeployment (see the module doc).
 
     Args:
         obj: The validated manifest.
         default_backend: The backend when spec.tuning leaves it unset (the operator's default).
+        model_storage_pvc: The operator's model-storage PVC (the chart's modelStorage.pvc).
     """
     request = to_request(obj, default_backend=default_backend)
-    if request.tuning.backend != "triton" or (
-        obj.spec.model.source is not None and obj.spec.model.source.token_secret_ref is not None
-    ):
+    if request.tuning.backend != "triton":
+        return []
+    return [*_token(obj, request), *_cache(obj, request, model_storage_pvc)]
+
+
+def _cache(obj: InferenceDeployment, request: TuningRequest, pvc: str | None) -> list[Advisory]:
+    if obj.spec.tuning.model_cache_claim or pvc:
+        return []
+    uris = trial_weights(request)
+    need = cache_gib(request, request.search.quantization) if uses_model_cache(uris) else 0
+    if need <= EPHEMERAL_CACHE_LIMIT_GIB:
+        return []
+    return [Advisory(LARGE_MODEL_CACHE, (
+        f"the tuner pod would keep {need} GiB of downloaded weights in node-local ephemeral "
+        f"storage (more than {EPHEMERAL_CACHE_LIMIT_GIB} GiB: many GPU nodes have less, and the "
+        "pod would not schedule); create a PersistentVolumeClaim of at least that size and set "
+        "spec.tuning.modelCacheClaim (or the chart's modelStorage.pvc)"
+    ))]  # fmt: skip
+
+
+def _token(obj: InferenceDeployment, request: TuningRequest) -> list[Advisory]:
+    source = obj.spec.model.source
+    if source is not None and source.token_secret_ref is not None:
         return []
     gated: list[str] = []
     for q in request.search.quantization:

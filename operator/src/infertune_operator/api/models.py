@@ -310,6 +310,13 @@ class TuningSpec(ApiModel):
         "exclusive with storage. Parallel workers (parallelism > 1) need one of the two, or "
         "the operator's default storage.",
     )
+    model_cache_claim: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="A PersistentVolumeClaim for the weights the tuner downloads (mounted at "
+        "/model-cache) instead of node-local ephemeral storage: every checkpoint the search "
+        "loads must fit (`infertune validate` says how much). Default: the operator's "
+        "modelStorage.pvc, else an emptyDir.",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _one_storage(self) -> TuningSpec:

@@ -26,7 +26,10 @@ import re
 import shlex
 import shutil
 import string
+import subprocess
+import sys
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -43,6 +46,7 @@ from infertune_tuner.runtime.weights import (
     SIXTEEN_BIT,
     MissingCheckpoint,
     checkpoint_kv_dtype,
+    fetch_argv,
     model_path_for,
     weights_uri,
 )
@@ -52,6 +56,10 @@ PLACEHOLDERS = frozenset({
     "kv_cache_dtype", "model", "gpu", "model_repo", "served_model", "model_path",
 })  # fmt: skip
 MAX_WARMUP = 256
+
+
+class WeightsUnavailable(RuntimeError):
+    """The weights a trial's server loads could not be downloaded (the message says why)."""
 
 
 def default_requests(max_batch_size: int, percentiles: Iterable[str] = ()) -> int:
@@ -121,6 +129,8 @@ class TritonBackend:
         self.gpus = gpus  # shared by the worker's threads: each trial leases its block
         self._trials = 0
         self._fp8_kv: dict[str, bool] = {}
+        self._fetched: set[str] = set()  # repositories downloaded by this tuner
+        self._fetch_lock = threading.Lock()  # one download at a time: they share the bandwidth
 
     # ------------------------------------------------------------------ pieces, testable alone
     def weights_for(self, config: TrialConfig) -> str:
@@ -187,13 +197,38 @@ class TritonBackend:
         with self.gpus.lease(config.tp) as lease:
             return self._run(config, lease)
 
+    def fetch_weights(self, config: TrialConfig) -> None:
+        """Download what the server of `config` loads from the Hugging Face Hub, once per
+        repository, before its server starts (weights.fetch_argv; the serving pod's init
+        container runs the same command). Raises WeightsUnavailable with the reason."""
+        if self.server_command is not None:
+            return  # a command template decides what it loads
+        target = self.runtime.fetch(self.request, config)
+        if target is None:
+            return
+        repo, dest = target
+        with self._fetch_lock:
+            if repo in self._fetched:
+                return
+            if self.on_phase is not None:
+                self.on_phase(config, "downloading weights")
+            done = subprocess.run(
+                fetch_argv(repo, dest, python=sys.executable),
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+                raise WeightsUnavailable(f"cannot download {repo}: {lines[-1] if lines else ''}")
+            self._fetched.add(repo)
+
     def _run(self, config: TrialConfig, lease: Lease | None) -> Measurement:
         self._trials += 1
         label = re.sub(r"[^A-Za-z0-9._-]+", "-", config.label())
         trial_dir = self.workdir / f"trial-{self._trials:03d}-{label}"
         try:
             plan = self.plan(config, trial_dir, lease)
-        except MissingCheckpoint as exc:
+            self.fetch_weights(config)
+        except (MissingCheckpoint, WeightsUnavailable) as exc:
             return Measurement.failed("error", str(exc))
         except (OSError, ValueError) as exc:
             return Measurement.failed("error", f"cannot prepare the trial: {exc}")

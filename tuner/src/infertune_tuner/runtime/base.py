@@ -61,6 +61,9 @@ class PodShape:
     shm: str  # size of the memory-backed /dev/shm
     runs_as_root: bool  # the image's user: root (Triton) or a numeric non-root user
     loads_weights: bool  # mounts the model storage (PVC or download cache)
+    # Run first, in the same image with the same mounts and environment (an init container):
+    # downloads the weights the server loads (weights.fetch_argv); None: nothing to download.
+    fetch_command: list[str] | None = None
 
 
 class TrialRuntime(Protocol):
@@ -91,6 +94,10 @@ class TrialRuntime(Protocol):
     def assemble(self, repo_dir: Path) -> None:
         """Add what the image provides to a local repository whose rendered files are written
         (a local trial; in a pod the start command does it)."""
+        ...
+
+    def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
+        """(Hugging Face repository, folder) to download before the server starts, or None."""
         ...
 
 

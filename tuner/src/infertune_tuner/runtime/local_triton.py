@@ -174,6 +174,10 @@ class LocalTritonRuntime:
         install.check()
         return install
 
+    def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
+        """Nothing: this server loads no weights."""
+        return None
+
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Triton's files (a quantization without a checkpoint points at the base model: no
         weights are loaded) and body.json."""

@@ -33,6 +33,10 @@ class SimulatedRuntime:
     program: tuple[str, ...] = ("infertune", "simserver")
     time_scale: float = 1.0
 
+    def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
+        """Nothing: this server loads no weights."""
+        return None
+
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Triton's files; a quantization without a checkpoint points at the base model (the
         simulated server loads no weights)."""

@@ -64,7 +64,14 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.memory import DEFAULT_MAX_NUM_TOKENS, FREE_GPU_MEMORY_FRACTION
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import FILES_DIR, REPO_DIR, SERVED_MODEL, PodShape, Ports
-from infertune_tuner.runtime.weights import model_path_for, weights_uri
+from infertune_tuner.runtime.weights import (
+    CACHE_ROOT,
+    CACHE_ROOT_ENV,
+    fetch_argv,
+    hub_repo,
+    served_path,
+    weights_uri,
+)
 
 LAUNCHER = "/app/scripts/launch_triton_server.py"
 LLMAPI_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"
@@ -230,6 +237,7 @@ class TritonRuntime:
     name: str = "triton"
     launcher: str = LAUNCHER
     llmapi_model_dir: str = LLMAPI_MODEL_DIR
+    cache_root: str = CACHE_ROOT  # where downloaded weights live (the pod's model cache)
 
     @property
     def time_scale(self) -> float:
@@ -243,11 +251,20 @@ class TritonRuntime:
         return cls(
             launcher=os.environ.get("INFERTUNE_TRITON_LAUNCHER") or LAUNCHER,
             llmapi_model_dir=os.environ.get("INFERTUNE_LLMAPI_MODEL_DIR") or LLMAPI_MODEL_DIR,
+            cache_root=os.environ.get(CACHE_ROOT_ENV) or CACHE_ROOT,
         )
 
     def model_path(self, request: TuningRequest, config: TrialConfig) -> str:
-        """model.yaml's `model` for `config` (raises MissingCheckpoint)."""
-        return model_path_for(weights_uri(request, config))
+        """model.yaml's `model` for `config`: a mounted path, or the folder a Hugging Face
+        repository is downloaded to (raises MissingCheckpoint)."""
+        return served_path(weights_uri(request, config), self.cache_root)
+
+    def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
+        """(repository, folder) when `config`'s weights come from the Hugging Face Hub: only what
+        the LLM API loads is downloaded (weights.DOWNLOAD_ALLOW), before the server starts."""
+        uri = weights_uri(request, config)
+        repo = hub_repo(uri)
+        return None if repo is None else (repo, served_path(uri, self.cache_root))
 
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         return repository_files(request, config, self.model_path(request, config))
@@ -277,6 +294,7 @@ class TritonRuntime:
         user's home; a non-root user is not something the image is built or tested for."""
         argv = self.launch_argv(request, config, repo_dir=REPO_DIR, ports=ports)
         script = start_script(argv, llmapi_model_dir=self.llmapi_model_dir)
+        fetch = self.fetch(request, config)
         return PodShape(
             image="triton",
             command=["/bin/bash", "-c", script],
@@ -287,4 +305,5 @@ class TritonRuntime:
             shm=SHM_SIZE,
             runs_as_root=True,
             loads_weights=True,
+            fetch_command=fetch_argv(*fetch) if fetch is not None else None,
         )

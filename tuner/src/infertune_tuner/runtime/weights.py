@@ -29,6 +29,21 @@ from infertune_tuner.request import TuningRequest
 MODELS_ROOT = "/models"  # a pvc:// claim, read-only
 CACHE_ROOT = "/model-cache"  # downloads (HF_HOME)
 HF_HOME = f"{CACHE_ROOT}/huggingface"
+CACHE_ROOT_ENV = "INFERTUNE_MODEL_CACHE"  # a local tuner's cache, where /model-cache is not
+WEIGHTS_DIR = "weights"  # downloaded repositories: <cache>/weights/<org>/<name>
+# What the runtime loads from a Hugging Face repository, and all that is downloaded of it.
+# TensorRT-LLM's own download fetches the whole repository but `original/**` (NVIDIA/TensorRT-LLM
+# tensorrt_llm/llmapi/utils.py, download_hf_model: `ignore_patterns = ["original/**/*"]`), so a
+# repository that ships its weights as both .bin and .safetensors (meta-llama/Llama-2-70b-chat-hf)
+# or adds Mistral's consolidated.safetensors needs twice the space and the kubelet evicts the
+# pod. infertune downloads the safetensors weights, the JSON files (config, generation config,
+# tokenizer config, the safetensors index, hf_quant_config.json) and the tokenizer, into a
+# folder of its own, and model.yaml names that folder: the LLM API then loads it as a local
+# checkpoint and downloads nothing.
+DOWNLOAD_ALLOW = (
+    "*.safetensors", "*.json", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt",
+)  # fmt: skip
+DOWNLOAD_IGNORE = ("original/*", "consolidated*")
 SIXTEEN_BIT = frozenset({"bf16", "fp16"})
 QUANT_CONFIG_FILE = "hf_quant_config.json"
 GIB = 1024**3
@@ -122,6 +137,43 @@ def model_path_for(uri: str, models_root: str = MODELS_ROOT) -> str:
     return uri
 
 
+def hub_repo(uri: str) -> str | None:
+    """The Hugging Face repository `org/name` that `uri` downloads, or None (pvc://, file://)."""
+    if split_pvc(uri) is not None or uri.startswith("file://"):
+        return None
+    return model_path_for(uri)
+
+
+def served_path(uri: str, cache_root: str = CACHE_ROOT, models_root: str = MODELS_ROOT) -> str:
+    """model.yaml's `model` for weights at `uri`: the mounted or local path, or for a Hugging
+    Face repository the folder it is downloaded to (`fetch_argv`) before the server starts."""
+    repo = hub_repo(uri)
+    if repo is None:
+        return model_path_for(uri, models_root)
+    return f"{cache_root.rstrip('/')}/{WEIGHTS_DIR}/{repo}"
+
+
+# Run by the serving pod's init container (the Triton image's python3 has huggingface_hub: the
+# LLM API downloads with it) and by the tuner before a trial's server starts: argv 1 = the
+# repository, 2 = the folder; HF_TOKEN from the environment.
+_FETCH = """import glob, sys
+from huggingface_hub import snapshot_download
+repo, dest = sys.argv[1], sys.argv[2]
+allow, ignore = {allow!r}, {ignore!r}
+snapshot_download(repo, local_dir=dest, allow_patterns=list(allow), ignore_patterns=list(ignore))
+if not glob.glob(dest + "/*.safetensors"):
+    sys.exit(f"{{repo}} has no *.safetensors weights: TensorRT-LLM loads safetensors checkpoints "
+             "(convert it, or copy a safetensors checkpoint to a volume and use pvc://)")
+print(f"{{repo}}: downloaded to {{dest}}")
+"""
+
+
+def fetch_argv(repo: str, dest: str, python: str = "python3") -> list[str]:
+    """The command that downloads what the runtime loads of `repo` into `dest`."""
+    script = _FETCH.format(allow=DOWNLOAD_ALLOW, ignore=DOWNLOAD_IGNORE)
+    return [python, "-c", script, repo, dest]
+
+
 def _fallback_id(request: TuningRequest) -> str:
     try:
         hf_ids = request.resolve_model().hf_ids
@@ -139,6 +191,20 @@ def weights_uri(request: TuningRequest, config: TrialConfig) -> str:
 def base_uri(request: TuningRequest) -> str:
     """The 16-bit base model's URI (what a server loads when no checkpoint applies)."""
     return request.model.uri or _fallback_id(request)
+
+
+def trial_weights(request: TuningRequest) -> list[str]:
+    """Every weights URI a trial of this request may load (the base model and the checkpoint of
+    each searched quantization that has one)."""
+    uris: list[str] = []
+    for q in request.search.quantization:
+        try:
+            uri = weights_uri(request, TrialConfig(1, 1, q, "auto"))
+        except MissingCheckpoint:
+            continue
+        if uri not in uris:
+            uris.append(uri)
+    return uris
 
 
 def missing_checkpoints(request: TuningRequest, quantizations: Iterable[str]) -> list[str]:
