@@ -21,6 +21,11 @@ import pytest
 from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
+# The tests never reach the Hugging Face Hub (a checkpoint's hf_quant_config.json is looked up
+# there when a space is built for real trials): offline, such a lookup answers "unknown" at
+# once instead of retrying a network that CI may not have. The download tests run the real
+# client against a stand-in Hub (tests/runtime_tests/fake_hub.py) and switch this off.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 EXAMPLES = REPO / "examples"
 
 

@@ -24,7 +24,7 @@ from infertune_tuner.backends.triton import TritonBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.simulated import SimulatedRuntime
-from infertune_tuner.runtime.weights import fetch_argv
+from infertune_tuner.runtime.weights import checkpoint_kv_dtype, fetch_argv
 
 from .fake_hub import FakeHub, serve
 
@@ -62,7 +62,7 @@ def hub() -> Iterator[FakeHub]:
 
 
 def hub_env(hub: FakeHub, home: Path) -> dict[str, str]:
-    return {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(home),
+    return {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_OFFLINE": "0",
             "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_ETAG_TIMEOUT": "5"}  # fmt: skip
 
 
@@ -163,3 +163,21 @@ def test_a_refused_download_fails_the_trial_with_the_hubs_reason(
     assert m.status == "error" and m.reason is not None
     assert m.reason.startswith("cannot download meta-llama/gated:")
     assert "starting server" not in phases  # no server for weights that are not there
+
+
+def test_a_hub_checkpoints_kv_cache_declaration_is_read_without_downloading_it(
+    hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ModelOpt checkpoint's hf_quant_config.json may declare an FP8 KV cache; the search
+    space is built from it (one small file, a bounded wait: weights.HUB_TIMEOUT_S)."""
+    hub.repos["nvidia/model-fp8"] = {
+        "hf_quant_config.json": b'{"quantization": {"quant_algo": "FP8", '
+        b'"kv_cache_quant_algo": "FP8"}}'
+    }
+    for k, v in hub_env(hub, Path("/nonexistent")).items():
+        monkeypatch.setenv(k, v)
+    assert checkpoint_kv_dtype("nvidia/model-fp8") == "fp8"
+    assert checkpoint_kv_dtype("org/llama") is None  # no such file: declares nothing
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert checkpoint_kv_dtype("nvidia/model-fp8") is None  # offline: unknown, at once
+    assert ("GET", "/nvidia/model-fp8/resolve/main/hf_quant_config.json") in hub.requests

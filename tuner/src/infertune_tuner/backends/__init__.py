@@ -51,15 +51,17 @@ def make_backend(
     if spec == "triton":
         from infertune_tuner.backends.triton import TritonBackend
 
-        return TritonBackend(
+        backend = TritonBackend(
             request, server_command=server_command, workdir=workdir, on_phase=on_phase, gpus=gpus
         )
+        backend.preflight()  # one clear error before the first trial, not three failed trials
+        return backend
     if spec.startswith("triton:"):
         # A real tritonserver on this machine (the nvidia-pytriton wheel) serving infertune's
         # Python-backend model with the body named after the colon (runtime/local_triton.py).
         from infertune_tuner.backends.triton import TritonBackend
         from infertune_tuner.pymodel.spec import BODIES
-        from infertune_tuner.runtime.local_triton import LocalTritonRuntime, TritonUnavailable
+        from infertune_tuner.runtime.local_triton import LocalTritonRuntime
 
         body = spec.removeprefix("triton:")
         if body not in BODIES:
@@ -73,13 +75,11 @@ def make_backend(
 
             scale = time_scale_from_env()
             runtime = LocalTritonRuntime(body="simulated", time_scale=scale if scale > 0 else 1.0)
-        try:
-            runtime.install()
-        except TritonUnavailable as exc:
-            raise InputError(f"backend {spec}: {exc}") from None
-        return TritonBackend(
+        backend = TritonBackend(
             request, runtime=runtime, workdir=workdir, on_phase=on_phase, gpus=gpus
         )
+        backend.preflight()
+        return backend
     raise InputError(f"unknown backend {spec!r}; use {BACKEND_HELP}")
 
 

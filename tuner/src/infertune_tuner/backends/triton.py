@@ -132,6 +132,15 @@ class TritonBackend:
         self._fetched: set[str] = set()  # repositories downloaded by this tuner
         self._fetch_lock = threading.Lock()  # one download at a time: they share the bandwidth
 
+    def preflight(self) -> None:
+        """InputError naming every reason no trial can run on this machine, before the first
+        trial (the runtime checks; a server command template is the user's to check)."""
+        if self.server_command is not None:
+            return
+        problems = self.runtime.problems(self.request)
+        if problems:
+            raise InputError(f"backend {self.runtime.name} cannot run trials here", problems)
+
     # ------------------------------------------------------------------ pieces, testable alone
     def weights_for(self, config: TrialConfig) -> str:
         """model.yaml's `model` for this config (raises MissingCheckpoint)."""

@@ -100,6 +100,11 @@ class TrialRuntime(Protocol):
         """(Hugging Face repository, folder) to download before the server starts, or None."""
         ...
 
+    def problems(self, request: TuningRequest) -> list[str]:
+        """Why no trial of `request` can run on this machine (checked once, before the first
+        trial): each a sentence naming what is missing and how to fix it; [] when none."""
+        ...
+
 
 class ServingRuntime(TrialRuntime, Protocol):
     """One way to serve a configuration (see the module docstring): a trial's, and a pod's."""

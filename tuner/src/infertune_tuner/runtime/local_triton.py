@@ -178,6 +178,14 @@ class LocalTritonRuntime:
         """Nothing: this server loads no weights."""
         return None
 
+    def problems(self, request: TuningRequest) -> list[str]:
+        """What the wheel's tritonserver lacks here (TritonInstall.check names it)."""
+        try:
+            self.install()
+        except TritonUnavailable as exc:
+            return [str(exc)]
+        return []
+
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Triton's files (a quantization without a checkpoint points at the base model: no
         weights are loaded) and body.json."""

@@ -37,6 +37,10 @@ class SimulatedRuntime:
         """Nothing: this server loads no weights."""
         return None
 
+    def problems(self, request: TuningRequest) -> list[str]:
+        """None: the simulated server is infertune itself."""
+        return []
+
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Triton's files; a quantization without a checkpoint points at the base model (the
         simulated server loads no weights)."""

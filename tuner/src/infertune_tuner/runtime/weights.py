@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -273,18 +275,31 @@ def _read_local(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+# One small JSON file, asked for once while the search space is built: a bounded wait, no
+# retries (huggingface_hub's client retries a network error five times with backoff, ~45 s per
+# file on a machine that cannot reach the Hub).
+HUB_TIMEOUT_S = 10.0
+
+
 def _read_hub(repo_id: str) -> dict[str, Any] | None:
-    """The file from the Hugging Face Hub when `huggingface_hub` is installed (it is in the
-    tuner image) and the repository has it; None otherwise (offline, gated without a token)."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
+    """The checkpoint's hf_quant_config.json from the Hugging Face Hub (HF_ENDPOINT, with
+    HF_TOKEN for gated repositories); None when offline (HF_HUB_OFFLINE), unreachable within
+    HUB_TIMEOUT_S, or when the repository has no such file."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return None
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/{repo_id}/resolve/main/{QUANT_CONFIG_FILE}"
+    headers = {"User-Agent": "infertune"}
+    if token := os.environ.get("HF_TOKEN"):
+        headers["Authorization"] = f"Bearer {token}"
     try:
-        local = hf_hub_download(repo_id, QUANT_CONFIG_FILE)
-    except Exception:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=HUB_TIMEOUT_S
+        ) as response:
+            doc = json.loads(response.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError):  # HTTP errors, timeouts, unreachable, not JSON
         return None
-    return _read_local(Path(local))
+    return doc if isinstance(doc, dict) else None
 
 
 def checkpoint_kv_dtype(model_path: str) -> str | None:
