@@ -58,6 +58,16 @@ PLACEHOLDERS = frozenset({
 MAX_WARMUP = 256
 
 
+# TP > 1 trials start through TensorRT-LLM's `trtllm-llmapi-launch`, which picks its proxy's
+# port by binding the first free one from 10012, closing it, and exporting it (no way to pass
+# one in: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/trtllm-llmapi-launch L28-43); the proxy binds
+# it seconds later, after Python and TensorRT-LLM import (tensorrt_llm/llmapi/mgmn_leader_node.py
+# -> mpi_session.py, ZeroMqQueue). Two such launches in that window in one pod pick the same
+# port and one trial fails. So they start one at a time: each holds this lock until its server
+# is ready (or failed), when the port is bound. TP-1 trials (`--no-mpi`) never take it.
+LAUNCH_LOCK = Path(tempfile.gettempdir()) / "infertune-llmapi-launch.lock"
+
+
 class WeightsUnavailable(RuntimeError):
     """The weights a trial's server loads could not be downloaded (the message says why)."""
 
@@ -194,9 +204,11 @@ class TritonBackend:
                 hook(config, name)
 
         env = None if lease is None else {**os.environ, "CUDA_VISIBLE_DEVICES": lease.visible}
+        serial = self.server_command is None and self.runtime.serial_launch(config)
         return TrialPlan(
             command=command, load=load, log_path=trial_dir / "server.log",
             startup_timeout_s=self.startup_timeout_s, on_phase=phase, env=env,
+            launch_lock=LAUNCH_LOCK if serial else None,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the interface

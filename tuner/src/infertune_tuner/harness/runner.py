@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
@@ -177,6 +178,10 @@ class TrialPlan:
     # Hears each phase as it begins: starting server, loading model, warm-up (when the load has
     # one), measuring.
     on_phase: PhaseHook | None = field(default=None, compare=False, repr=False)
+    # A file locked (flock, exclusive) from before the server starts until it is ready or has
+    # failed: launches that must not overlap on one machine hold the same file (see
+    # backends/triton.py, LAUNCH_LOCK). None: no lock.
+    launch_lock: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -187,8 +192,11 @@ class TrialOutcome:
     wall_s: float
 
 
-async def _drive(plan: TrialPlan, proc: ServerProcess, on_phase: PhaseHook) -> TrialOutcome:
-    """The trial's outcome; its wall time is left to `run_trial`, which also counts teardown."""
+async def _drive(
+    plan: TrialPlan, proc: ServerProcess, on_phase: PhaseHook, started: Callable[[], None]
+) -> TrialOutcome:
+    """The trial's outcome; its wall time is left to `run_trial`, which also counts teardown.
+    `started` is called once the server is ready or has failed to become so."""
 
     def done(status: TrialStatus, result: BenchResult | None, reason: str | None) -> TrialOutcome:
         return TrialOutcome(status, result, reason, 0.0)
@@ -198,7 +206,10 @@ async def _drive(plan: TrialPlan, proc: ServerProcess, on_phase: PhaseHook) -> T
         return done(status, result, reason)
 
     on_phase("loading model")
-    ready = await wait_ready(proc, plan.load.url, plan.load.model, plan.startup_timeout_s)
+    try:
+        ready = await wait_ready(proc, plan.load.url, plan.load.model, plan.startup_timeout_s)
+    finally:
+        started()
     if ready == "exited":
         code = proc.popen.returncode
         return from_logs(f"the server exited before it was ready (exit code {code})")
@@ -243,12 +254,28 @@ def run_trial(plan: TrialPlan) -> TrialOutcome:
     hook: PhaseHook = plan.on_phase or (lambda _: None)
     t0 = time.monotonic()
     hook("starting server")
-    try:
-        proc = ServerProcess.start(plan.command, plan.log_path, plan.env)
-    except OSError as exc:
-        return TrialOutcome("error", None, f"cannot start {plan.command[0]!r}: {exc}", 0.0)
-    try:
-        outcome = asyncio.run(_drive(plan, proc, hook))
-    finally:
-        proc.stop()
+    with contextlib.ExitStack() as held:
+        if plan.launch_lock is not None:
+            held.enter_context(_exclusive(plan.launch_lock))
+        try:
+            proc = ServerProcess.start(plan.command, plan.log_path, plan.env)
+        except OSError as exc:
+            return TrialOutcome("error", None, f"cannot start {plan.command[0]!r}: {exc}", 0.0)
+        try:
+            outcome = asyncio.run(_drive(plan, proc, hook, held.close))
+        finally:
+            held.close()
+            proc.stop()
     return replace(outcome, wall_s=time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (other threads and processes of the machine wait)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -100,6 +100,11 @@ class TrialRuntime(Protocol):
         """(Hugging Face repository, folder) to download before the server starts, or None."""
         ...
 
+    def serial_launch(self, config: TrialConfig) -> bool:
+        """Whether the server of `config` must not start while another such start is under way
+        on the machine (until it is ready): a launcher that races for a resource."""
+        ...
+
     def problems(self, request: TuningRequest) -> list[str]:
         """Why no trial of `request` can run on this machine (checked once, before the first
         trial): each a sentence naming what is missing and how to fix it; [] when none."""

@@ -178,6 +178,10 @@ class LocalTritonRuntime:
         """Nothing: this server loads no weights."""
         return None
 
+    def serial_launch(self, config: TrialConfig) -> bool:
+        """No: nothing of this server's start races with another's."""
+        return False
+
     def problems(self, request: TuningRequest) -> list[str]:
         """What the wheel's tritonserver lacks here (TritonInstall.check names it)."""
         try:

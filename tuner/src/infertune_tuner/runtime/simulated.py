@@ -37,6 +37,10 @@ class SimulatedRuntime:
         """Nothing: this server loads no weights."""
         return None
 
+    def serial_launch(self, config: TrialConfig) -> bool:
+        """No: nothing of this server's start races with another's."""
+        return False
+
     def problems(self, request: TuningRequest) -> list[str]:
         """None: the simulated server is infertune itself."""
         return []

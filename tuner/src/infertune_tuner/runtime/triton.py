@@ -278,6 +278,11 @@ class TritonRuntime:
     ) -> list[str]:  # fmt: skip
         return launcher_argv(config.tp, repo_dir, ports, launcher=self.launcher)
 
+    def serial_launch(self, config: TrialConfig) -> bool:
+        """TP > 1 starts through trtllm-llmapi-launch, whose proxy port is picked racily
+        (backends/triton.py, LAUNCH_LOCK)."""
+        return config.tp > 1
+
     def problems(self, request: TuningRequest) -> list[str]:
         """What this machine lacks to run a trial of `request` (see `preflight_problems`)."""
         return preflight_problems(self, request)
