@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,7 @@ from infertune_tuner.harness.runner import ServerProcess, free_ports, wait_ready
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import Ports
 from infertune_tuner.runtime.local_triton import LocalTritonRuntime
+from infertune_tuner.runtime.triton import liveness_argv
 
 MAX_BATCH = 4
 # llama-3-8b fp8 on an H100 at batch 4: a decode step of ~5.6 ms at scale 1; at scale 2 the
@@ -226,3 +229,11 @@ def test_bench_names_a_model_the_real_server_does_not_serve(
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr.startswith("error: --model 'nope': not served at")
+
+
+def test_the_liveness_probe_gets_a_token_from_the_real_server(triton: RealTriton) -> None:
+    """The serving pod's liveness command (runtime/triton.py, liveness_argv) against Triton's
+    generate endpoint: exit 0 while the model can generate."""
+    argv = liveness_argv(triton.http, timeout_s=30)
+    done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -28,6 +28,7 @@ from infertune_tuner.harness.loadgen import run_load
 from infertune_tuner.harness.runner import ServerProcess, wait_ready
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.local_triton import LocalTritonRuntime, TritonInstall
+from infertune_tuner.runtime.triton import liveness_argv
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -283,3 +284,27 @@ def test_ctrl_c_mid_trial_stops_the_real_server_and_keeps_the_report(tmp_path: P
             tuner.kill()
         for pid in tritonservers_under(out):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_liveness_fails_on_a_server_that_is_ready_but_cannot_generate(tmp_path: Path) -> None:
+    """A hung engine behind a READY model (upstream's model.py has no health check: its
+    `# TODO: [JIRA-4040] Add health check here`): /v2/health/ready stays 200, the liveness
+    command (one token through the generate endpoint) fails within its timeout."""
+    frozen = LocalTritonRuntime(time_scale=1e6)  # a step takes ~10^4 s: nothing ever finishes
+    b = backend(tmp_path, frozen, requests_per_trial=1, warmup=0)
+    plan = b.plan(TrialConfig(1, 4, "bf16", "auto"), tmp_path / "t")
+    http = int(next(a for a in plan.command if a.startswith("--http-port=")).split("=")[1])
+    server = ServerProcess.start(plan.command, plan.log_path)
+    try:
+        ready = asyncio.run(wait_ready(server, plan.load.url, plan.load.model, 90))
+        assert ready is None, server.log_text()[-2000:]
+        url = f"http://127.0.0.1:{http}/v2/health/ready"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200  # Triton calls it ready
+        argv = liveness_argv(http, timeout_s=3)
+        done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert done.returncode != 0
+        assert "no token within 3 s" in done.stderr
+    finally:
+        server.stop()

@@ -132,7 +132,16 @@ def test_probes_ports_service_and_a_configurable_startup_window() -> None:
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
     assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8000}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8000}
+    # Liveness: one token through Triton's generate endpoint (a dead engine keeps the model
+    # READY: upstream model.py, "TODO: [JIRA-4040] Add health check here"), a generous timeout
+    live = c["livenessProbe"]
+    assert live["exec"]["command"][:2] == ["python3", "-c"]
+    assert live["exec"]["command"][3:] == ["http://127.0.0.1:8000/v2/models/llm/generate", "60"]
+    assert live["timeoutSeconds"] > 60 and live["periodSeconds"] * live["failureThreshold"] >= 180
+    # No mpirun CPU binding: Open MPI 4 and 5 spell it differently
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["OMPI_MCA_hwloc_base_binding_policy"] == "none"
+    assert env["PRTE_MCA_hwloc_default_binding_policy"] == "none"
     startup = c["startupProbe"]
     assert startup["httpGet"]["path"] == "/v2/health/ready"
     assert startup["periodSeconds"] * startup["failureThreshold"] == 60 * 60  # the default hour
@@ -274,10 +283,12 @@ def test_simulated_variant_has_no_gpu() -> None:
     }  # fmt: skip
     assert "nvidia.com/gpu" not in str(c["resources"])
     assert "nodeSelector" not in pod and "tolerations" not in pod and "affinity" not in pod
-    # the same probes and ports as Triton
+    # the same ports and health probes as Triton; liveness on the live endpoint (simserver's
+    # HTTP port serves KServe v2 health, not generate)
     real = container(render_serving(obj, CFG, SETTINGS, runtime=TRITON))
-    for key in ("ports", "startupProbe", "readinessProbe", "livenessProbe"):
+    for key in ("ports", "startupProbe", "readinessProbe"):
         assert c[key] == real[key]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8000}
 
 
 def test_quantization_without_checkpoint() -> None:

@@ -98,6 +98,9 @@ def test_the_gpu_tuner_pod_is_the_serving_pod_plus_the_load_generator() -> None:
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
     assert env["HF_HOME"]["value"] == "/model-cache/huggingface"
+    # trial servers inherit the tuner's environment: no mpirun CPU binding there either
+    assert env["OMPI_MCA_hwloc_base_binding_policy"]["value"] == "none"
+    assert env["PRTE_MCA_hwloc_default_binding_policy"]["value"] == "none"
 
 
 def test_pvc_weights_are_mounted_read_only_in_the_tuner_too() -> None:

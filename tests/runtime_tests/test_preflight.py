@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from infertune_tuner.backends.triton import TritonBackend
+from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.triton import TritonRuntime
 
@@ -118,3 +120,19 @@ def test_tune_on_a_machine_without_the_image_says_so_before_any_trial(tmp_path: 
     assert "the weights of pvc://models/llama are not at /models/llama" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out" / "report.json").exists()  # no trial, no study
+
+
+def test_a_trial_server_starts_without_mpi_cpu_binding(
+    image: TritonRuntime, tmp_path: Path
+) -> None:
+    """Open MPI binds each rank to one core when it starts <= 2 processes and upstream's
+    launcher passes no --bind-to (launch_triton_server.py L181-189): a TP-2 trial's
+    tritonserver, Python stub and proxy would share one core. The trial's environment says
+    none, for Open MPI 4 and 5."""
+    backend = TritonBackend(request([2]), runtime=image, workdir=tmp_path / "w")
+    plan = backend.plan(TrialConfig(2, 8, "bf16", "auto"), tmp_path / "w" / "t")
+    assert plan.env is not None
+    assert plan.env["OMPI_MCA_hwloc_base_binding_policy"] == "none"
+    assert plan.env["PRTE_MCA_hwloc_default_binding_policy"] == "none"
+    assert plan.command[plan.command.index("--world_size=2") + 1] == "--trtllm_llmapi_launch"
+    assert plan.launch_lock is not None  # TP 2 starts one at a time (test_launch_race.py)

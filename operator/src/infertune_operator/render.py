@@ -131,7 +131,7 @@ def render_serving(
     mounts: list[dict[str, Any]] = [
         shm_mount, {"name": "model-repo-config", "mountPath": FILES_DIR, "readOnly": True},
     ]  # fmt: skip
-    env: list[dict[str, Any]] = []
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in shape.env.items()]
     ephemeral = 0
     pod: dict[str, Any] = {}
     if shape.loads_weights:
@@ -174,7 +174,15 @@ def render_serving(
     failures = startup_failure_threshold(spec.serving.startup_timeout_minutes)
     container["startupProbe"] = _probe(READY_PATH, PROBE_PERIOD_S, failures)
     container["readinessProbe"] = _probe(READY_PATH, PROBE_PERIOD_S, 3)
-    container["livenessProbe"] = _probe(LIVE_PATH, 15, 4)
+    if shape.liveness_command is not None:  # the server must still generate (runtime's probe)
+        container["livenessProbe"] = {
+            "exec": {"command": shape.liveness_command},
+            "periodSeconds": 60,
+            "timeoutSeconds": shape.liveness_timeout_s + 5,
+            "failureThreshold": 3,
+        }
+    else:
+        container["livenessProbe"] = _probe(LIVE_PATH, 15, 4)
     annotations = {ANNOTATION_CONFIG: config.label(), ANNOTATION_REPO_HASH: repo_hash}
     deployment_meta = _metadata(obj, name)
     deployment_meta["annotations"] = {ANNOTATION_CONFIG: config.label()}

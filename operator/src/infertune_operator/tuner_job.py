@@ -188,6 +188,7 @@ def tuner_job(
             ephemeral_gib=ephemeral,
         )  # fmt: skip
         container["env"] += [
+            *({"name": k, "value": v} for k, v in shape.env.items()),  # trial servers inherit it
             *env,
             *token_env(obj),
             {"name": WORKER_GPUS_ENV, "value": str(tuner_gpus(obj))},

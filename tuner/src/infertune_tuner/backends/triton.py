@@ -203,7 +203,10 @@ class TritonBackend:
             if hook is not None:
                 hook(config, name)
 
-        env = None if lease is None else {**os.environ, "CUDA_VISIBLE_DEVICES": lease.visible}
+        extra = self.runtime.launch_env() if self.server_command is None else {}
+        if lease is not None:
+            extra["CUDA_VISIBLE_DEVICES"] = lease.visible
+        env = {**os.environ, **extra} if extra else None
         serial = self.server_command is None and self.runtime.serial_launch(config)
         return TrialPlan(
             command=command, load=load, log_path=trial_dir / "server.log",

@@ -19,7 +19,7 @@ infertune's own Python-backend model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -64,6 +64,12 @@ class PodShape:
     # Run first, in the same image with the same mounts and environment (an init container):
     # downloads the weights the server loads (weights.fetch_argv); None: nothing to download.
     fetch_command: list[str] | None = None
+    # The server's environment beyond the pod's (the runtime's `launch_env`).
+    env: dict[str, str] = field(default_factory=dict)
+    # Liveness: a command that succeeds while the server can still generate (an exec probe),
+    # and how long one try may take; None: the KServe v2 live endpoint (LIVE_PATH).
+    liveness_command: list[str] | None = None
+    liveness_timeout_s: int = 5
 
 
 class TrialRuntime(Protocol):
@@ -98,6 +104,11 @@ class TrialRuntime(Protocol):
 
     def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
         """(Hugging Face repository, folder) to download before the server starts, or None."""
+        ...
+
+    def launch_env(self) -> dict[str, str]:
+        """Environment the server needs beyond the caller's (a trial adds it to the tuner's;
+        the serving pod has it in its container)."""
         ...
 
     def serial_launch(self, config: TrialConfig) -> bool:

@@ -178,6 +178,10 @@ class LocalTritonRuntime:
         """Nothing: this server loads no weights."""
         return None
 
+    def launch_env(self) -> dict[str, str]:
+        """Nothing beyond the caller's."""
+        return {}
+
     def serial_launch(self, config: TrialConfig) -> bool:
         """No: nothing of this server's start races with another's."""
         return False

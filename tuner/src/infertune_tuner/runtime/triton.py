@@ -84,6 +84,49 @@ SHM_SIZE = "16Gi"  # the Python backend's shared memory and the TP ranks' NCCL b
 CPU_BASE, CPU_PER_GPU = 2, 2
 MEMORY_BASE_GIB, MEMORY_PER_GPU_GIB = 16, 16
 
+# No CPU binding by mpirun. Open MPI binds each rank to one core when it starts <= 2 processes
+# (v4.1: orte/mca/rmaps/base/rmaps_base_map_job.c, `nprocs <= 2` -> OPAL_BIND_TO_CORE; the
+# mpirun man page: "Bind to core: when the number of processes is <= 2"), and upstream's
+# launcher passes no --bind-to (triton_backend/scripts/launch_triton_server.py L181-189). Rank 0
+# runs tritonserver, the Python stub, detokenisation and the LLM API's proxy: all of them on one
+# core, and side-by-side trials on the same cores. The variable is Open MPI 4's MCA parameter
+# hwloc_base_binding_policy (`--bind-to none`); Open MPI 5 reads PRRTE's, under PRTE_MCA_. Both
+# are set: the image's Open MPI version is not pinned (`mpirun --version` tells). Verify in a
+# running pod: `for p in $(pgrep -f 'tritonserver|triton_python_backend_stub'); do taskset -cp
+# $p; done` lists every CPU of `cat /sys/fs/cgroup/cpuset.cpus.effective`, not one core each.
+MPI_ENV = {
+    "OMPI_MCA_hwloc_base_binding_policy": "none",
+    "PRTE_MCA_hwloc_default_binding_policy": "none",
+}
+# Liveness: generate one token. Upstream's LLM-API model keeps the model READY when its engine
+# or an MPI rank dies (model.py `# TODO: [JIRA-4040] Add health check here`, in execute), and
+# Triton's own readiness sees only the Python stub's death, so /v2/health/live would stay green
+# on a server that can no longer answer. One non-streaming request for one token through
+# Triton's generate endpoint (the model sends one response, flagged final) proves the whole
+# path. A request may wait for a free slot behind a full batch: at most one request's E2E, so
+# the timeout is generous (LIVENESS_TIMEOUT_S) and three failures, a minute apart, restart it.
+LIVENESS_TIMEOUT_S = 60
+LIVENESS_SCRIPT = """import json, sys, urllib.request
+url, timeout = sys.argv[1], float(sys.argv[2])
+body = json.dumps({"text_input": "ping", "sampling_param_max_tokens": 1}).encode()
+request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        answer = json.loads(response.read())
+except Exception as exc:
+    sys.exit(f"no token within {timeout:g} s: {exc}")
+if "text_output" not in answer:
+    sys.exit(f"no text_output in {answer}")
+"""
+
+
+def liveness_argv(http_port: int, served_model: str = SERVED_MODEL,
+                  timeout_s: int = LIVENESS_TIMEOUT_S) -> list[str]:  # fmt: skip
+    """The exec probe: one token from the served model, within `timeout_s`."""
+    url = f"http://127.0.0.1:{http_port}/v2/models/{served_model}/generate"
+    return ["python3", "-c", LIVENESS_SCRIPT, url, str(timeout_s)]
+
+
 # LLM() arguments (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py) and the Triton model's
 # own section (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py reads `triton_config`).
 MODEL_YAML_KEYS = (
@@ -278,6 +321,10 @@ class TritonRuntime:
     ) -> list[str]:  # fmt: skip
         return launcher_argv(config.tp, repo_dir, ports, launcher=self.launcher)
 
+    def launch_env(self) -> dict[str, str]:
+        """No MPI CPU binding (MPI_ENV)."""
+        return dict(MPI_ENV)
+
     def serial_launch(self, config: TrialConfig) -> bool:
         """TP > 1 starts through trtllm-llmapi-launch, whose proxy port is picked racily
         (backends/triton.py, LAUNCH_LOCK)."""
@@ -318,6 +365,9 @@ class TritonRuntime:
             runs_as_root=True,
             loads_weights=True,
             fetch_command=fetch_argv(*fetch) if fetch is not None else None,
+            env=self.launch_env(),
+            liveness_command=liveness_argv(ports.http),
+            liveness_timeout_s=LIVENESS_TIMEOUT_S,
         )
 
 
