@@ -47,6 +47,9 @@ OPTIONAL_IMPORTS = {
     "torch",  # pymodel/torch_body.py: only `--backend triton:torch`, on a GPU machine
     # pymodel/model.py: runs inside Triton's Python-backend stub, which provides it
     "triton_python_backend_utils",
+    # runtime/llmapi_trial_model.py: a trial's model.py, beside the image's LLM-API model
+    "helpers",
+    "llmapi_model",
 }
 
 

@@ -51,11 +51,9 @@ The image runs as root (the launcher passes mpirun `--allow-run-as-root`); see `
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,17 +64,20 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.memory import DEFAULT_MAX_NUM_TOKENS, FREE_GPU_MEMORY_FRACTION
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import FILES_DIR, REPO_DIR, SERVED_MODEL, PodShape, Ports
+from infertune_tuner.runtime.preflight import preflight_problems
 from infertune_tuner.runtime.weights import (
     CACHE_ROOT,
     CACHE_ROOT_ENV,
     fetch_argv,
     hub_repo,
     served_path,
-    trial_weights,
     weights_uri,
 )
 
 LAUNCHER = "/app/scripts/launch_triton_server.py"
+# A trial's model.py, and the name the image's model.py takes beside it (assemble).
+TRIAL_MODEL_PY = Path(__file__).with_name("llmapi_trial_model.py")
+TRIAL_UPSTREAM_MODEL = "llmapi_model.py"
 LLMAPI_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"
 SHM_SIZE = "16Gi"  # the Python backend's shared memory and the TP ranks' NCCL buffers
 # Requests of a serving pod: Triton's frontend and Python stub, the LLM API's executor and one
@@ -331,10 +332,13 @@ class TritonRuntime:
         return config.tp > 1
 
     def problems(self, request: TuningRequest) -> list[str]:
-        """What this machine lacks to run a trial of `request` (see `preflight_problems`)."""
+        """What this machine lacks to run a trial of `request` (runtime/preflight.py)."""
         return preflight_problems(self, request)
 
     def assemble(self, repo_dir: Path) -> None:
+        """A trial's repository: the image's LLM-API model as `llmapi_model.py`, its helpers,
+        and infertune's `model.py` around it, which makes every request generate exactly the
+        tokens it asks for (llmapi_trial_model.py; the serving pod runs the stock model)."""
         source = Path(self.llmapi_model_dir)
         files = sorted(source.glob("*.py")) if source.is_dir() else []
         if not any(f.name == "model.py" for f in files):
@@ -345,7 +349,8 @@ class TritonRuntime:
         version = repo_dir / SERVED_MODEL / "1"
         version.mkdir(parents=True, exist_ok=True)
         for f in files:
-            shutil.copy2(f, version / f.name)
+            shutil.copy2(f, version / (TRIAL_UPSTREAM_MODEL if f.name == "model.py" else f.name))
+        shutil.copy2(TRIAL_MODEL_PY, version / "model.py")
 
     def pod(self, request: TuningRequest, config: TrialConfig, ports: Ports) -> PodShape:
         """Runs as root: the NGC Triton image's user is root, its launcher passes mpirun
@@ -369,55 +374,3 @@ class TritonRuntime:
             liveness_command=liveness_argv(ports.http),
             liveness_timeout_s=LIVENESS_TIMEOUT_S,
         )
-
-
-def gpu_count() -> int | None:
-    """GPUs this container sees (`nvidia-smi -L`, one line each), or None without a driver."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        done = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    return sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
-
-
-def preflight_problems(runtime: TritonRuntime, request: TuningRequest) -> list[str]:
-    """Every reason no Triton + TensorRT-LLM trial of `request` can run here, found before the
-    first trial (otherwise each trial would fail the same way, three times, before the search
-    gave up): the image's launcher and LLM-API model, `tritonserver` and, for TP > 1, `mpirun`
-    on PATH, as many GPUs as the largest TP searched, mounted weights that exist, and the
-    download library for weights from the Hub."""
-    out: list[str] = []
-    image = "run in the Triton TRT-LLM image (nvcr.io/nvidia/tritonserver:*-trtllm-python-py3)"
-    if not Path(runtime.launcher).is_file():
-        out.append(f"the launcher {runtime.launcher} is missing: {image} or set "
-                   "INFERTUNE_TRITON_LAUNCHER")  # fmt: skip
-    if not (Path(runtime.llmapi_model_dir) / "model.py").is_file():
-        out.append(f"the TensorRT-LLM LLM-API Triton model (model.py) is not in "
-                   f"{runtime.llmapi_model_dir}: {image} or set INFERTUNE_LLMAPI_MODEL_DIR")  # fmt: skip
-    if shutil.which("tritonserver") is None:
-        out.append(f"tritonserver is not on PATH: {image}")
-    largest = max(request.search.tensor_parallel)
-    if largest > 1 and shutil.which("mpirun") is None:
-        out.append(f"mpirun is not on PATH (TP {largest} trials are launched through it): {image}")
-    gpus = gpu_count()
-    if gpus is None:
-        out.append("no GPU is visible: nvidia-smi is missing or fails (request nvidia.com/gpu "
-                   "and run on a GPU node with the NVIDIA container runtime)")  # fmt: skip
-    elif gpus < largest:
-        out.append(f"{gpus} GPU(s) visible, fewer than the largest tensorParallel searched "
-                   f"({largest}): request {largest} GPUs or search smaller TP sizes")  # fmt: skip
-    hub = False
-    for uri in trial_weights(request):
-        if hub_repo(uri) is not None:
-            hub = True
-        elif not Path(path := served_path(uri, runtime.cache_root)).is_dir():
-            out.append(f"the weights of {uri} are not at {path} (is the volume mounted?)")
-    if hub and importlib.util.find_spec("huggingface_hub") is None:
-        out.append("huggingface_hub is not installed: weights from the Hugging Face Hub cannot "
-                   "be downloaded (it ships with TensorRT-LLM)")  # fmt: skip
-    return out
