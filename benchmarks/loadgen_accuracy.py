@@ -25,6 +25,7 @@ costs (~50 us of CPU per token) do not shrink with it, so the relative overhead 
 1/scale; the numbers below use 1.0 (real time), which is what a real trial sees.
 
     python benchmarks/loadgen_accuracy.py [--time-scale 1.0] [--json] [--server simserver|triton]
+        [--generators N]
 
 Bounded: about 40 s on 2 cores at time scale 1 (the real server: about 60 s; at time scale 10,
 about 4 minutes). docs/benchmarking.md has the numbers of both servers.
@@ -36,6 +37,7 @@ import argparse
 import json
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,29 @@ def triton_argv(case: Case, scale: float, folder: Path, port: int) -> list[str]:
     http, metrics = free_ports(2)
     ports = Ports(grpc=port, http=http, metrics=metrics)
     return runtime.launch_argv(request, config, repo_dir=str(repo), ports=ports, host="127.0.0.1")
+
+
+def side_by_side(case: Case, scale: float, logdir: Path, server: str, n: int) -> list[BenchResult]:
+    """`n` trials of `case` at once, each in a thread (and its generator in its own process)."""
+    results: list[BenchResult | None] = [None] * n
+    failures: list[BaseException] = []
+
+    def one(i: int) -> None:
+        folder = logdir / f"{case.name}-{i}"
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            results[i] = measure(case, scale, folder, server)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return [r for r in results if r is not None]
 
 
 def measure(case: Case, scale: float, logdir: Path, server: str = "simserver") -> BenchResult:
@@ -207,17 +232,35 @@ def main() -> None:
         help="simserver (infertune's KServe v2 server) or triton (a real tritonserver from the "
         "nvidia-pytriton wheel serving the rendered repository, simulated model body)",
     )  # fmt: skip
+    p.add_argument(
+        "--generators", type=int, default=1,
+        help="run each case N times side by side (N servers, N load generators, each trial in "
+        "a thread of this process and its generator in a process of its own, as a tuner pod "
+        "packing N trials runs them); prints every generator's numbers and the worst error",
+    )  # fmt: skip
     a = p.parse_args()
+    if a.generators < 1:
+        raise SystemExit("--generators must be at least 1")
     rows = []
     with tempfile.TemporaryDirectory(prefix="loadgen-accuracy-") as tmp:
         for case in CASES:
-            result = measure(case, a.time_scale, Path(tmp), a.server)
-            rows.append(report(case, a.time_scale, result))
+            results = side_by_side(case, a.time_scale, Path(tmp), a.server, a.generators)
+            case_rows = [report(case, a.time_scale, r) for r in results]
+            rows += case_rows
             if not a.json:
-                show(rows[-1])
+                for i, row in enumerate(case_rows):
+                    if a.generators > 1:
+                        print(f"\n-- generator {i + 1} of {a.generators}")
+                    show(row)
+                if a.generators > 1:
+                    keys = ("ttft_p50_ms", "itl_p50_ms", "e2e_p50_ms")
+                    worst = {k: max(abs(r[k]["error_pct"]) for r in case_rows) for k in keys}
+                    print(f"\n== {case.name}: worst error of {a.generators} side-by-side "
+                          "generators: " + ", ".join(f"{k.split('_')[0].upper()} "
+                                                     f"{v:.2f} %" for k, v in worst.items()))  # fmt: skip
     if a.json:
         print(json.dumps(rows, indent=2))
-    else:
+    elif a.generators == 1:
         acc, ovh = rows[-2:]
         keys = ("itl_p50_ms", "e2e_p50_ms", "ttft_p50_ms")
         ok_acc = max(abs(acc[k]["error_pct"]) for k in keys) < 5

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,34 +14,6 @@ from infertune_operator.cli_harness import parse_config
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.runner import free_port
-from infertune_tuner.harness.simserver import SimServer, build_config
-
-
-@pytest.fixture(scope="module")
-def server_port() -> Iterator[int]:
-    """A simulated server on its own event loop in a thread (the CLI runs asyncio.run itself)."""
-    cfg = build_config(
-        model="llama-3-8b", gpu="H100-SXM-80GB", tp=1, max_batch=4, quant="fp8",
-        time_scale=0.05, host="127.0.0.1", port=0, http_port=None,
-    )  # fmt: skip
-    started = threading.Event()
-    holder: dict[str, object] = {}
-
-    async def serve() -> None:
-        stop = asyncio.Event()
-        holder["stop"], holder["loop"] = stop, asyncio.get_running_loop()
-        async with SimServer(cfg) as srv:
-            holder["port"] = srv.port
-            started.set()
-            await stop.wait()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
-    assert started.wait(10)
-    yield int(holder["port"])  # type: ignore[call-overload]
-    loop: asyncio.AbstractEventLoop = holder["loop"]  # type: ignore[assignment]
-    loop.call_soon_threadsafe(holder["stop"].set)  # type: ignore[attr-defined]
-    thread.join(10)
 
 
 def bench_args(port: int, *extra: str) -> list[str]:
@@ -133,7 +102,7 @@ def test_render_prints_the_serving_objects(cli: CliRunner, repo: Path) -> None:
     docs = list(yaml.safe_load_all(result.stdout))
     assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service"]
     model_yaml = yaml.safe_load(docs[0]["data"]["model.yaml"])
-    assert model_yaml["model"] == "nvidia/Llama-2-70b-chat-hf-FP8"
+    assert model_yaml["model"] == "/model-cache/weights/nvidia/Llama-2-70b-chat-hf-FP8"
     assert model_yaml["kv_cache_config"]["dtype"] == "fp8"
     sim = cli.invoke(
         app,

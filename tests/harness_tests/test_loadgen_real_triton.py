@@ -14,13 +14,12 @@ import itertools
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
-from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 from typer.testing import CliRunner
 
@@ -53,19 +52,11 @@ class RealTriton:
         return f"127.0.0.1:{self.grpc}"
 
 
-def tuning_request() -> TuningRequest:
-    return TuningRequest.model_validate({
-        "name": "bench", "model": {"name": "llama-3-8b"}, "gpu": {"product": "H100-SXM-80GB"},
-        "workload": {"input_tokens": 128, "output_tokens": 24},
-        "slo": [{"metric": "itl_ms", "percentile": "p50", "max_ms": 100}],
-    })  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealTriton]:
+def triton(tmp_path_factory: pytest.TempPathFactory, trial_request: Any) -> Iterator[RealTriton]:
     """One real tritonserver for the module, launched exactly as a trial launches it."""
     folder = tmp_path_factory.mktemp("real-triton")
-    request = tuning_request()
+    request = trial_request(input_tokens=128, output_tokens=24)
     runtime = LocalTritonRuntime(time_scale=SCALE)
     repo = folder / "model_repo"
     for rel, text in runtime.model_files(request, CONFIG).items():
@@ -141,17 +132,9 @@ def test_health_and_the_model_config_triton_loaded(triton: RealTriton) -> None:
     asyncio.run(check())
 
 
-def infer_input(name: str, datatype: str, value: np.ndarray) -> InferInput:
-    inp = InferInput(name, list(value.shape), datatype)
-    inp.set_data_from_numpy(value)
-    return inp
-
-
-async def one(request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    yield request
-
-
-def test_streams_one_response_per_token_and_triton_flags_the_last(triton: RealTriton) -> None:
+def test_streams_one_response_per_token_and_triton_flags_the_last(
+    triton: RealTriton, infer_input: Any, one: Any
+) -> None:
     text = infer_input("text_input", "BYTES", np.array([b"a b c d"], dtype=np.object_))
     max_tokens = infer_input("sampling_param_max_tokens", "INT32", np.array([3], dtype=np.int32))
     streaming = infer_input("streaming", "BOOL", np.array([True], dtype=bool))
@@ -181,7 +164,9 @@ def test_streams_one_response_per_token_and_triton_flags_the_last(triton: RealTr
     assert all(b.startswith(a) for a, b in itertools.pairwise(texts))
 
 
-def test_undeclared_input_is_rejected_by_triton(triton: RealTriton) -> None:
+def test_undeclared_input_is_rejected_by_triton(
+    triton: RealTriton, infer_input: Any, one: Any
+) -> None:
     text = infer_input("text_input", "BYTES", np.array([b"hello"], dtype=np.object_))
     bogus = infer_input("bogus", "INT32", np.array([1], dtype=np.int32))
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
-from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
 from infertune_tuner.config import Workload
@@ -121,18 +121,9 @@ async def test_health_metadata_and_config(server: SimServer) -> None:
                 assert resp.status == 200
 
 
-def infer_input(name: str, datatype: str, value: np.ndarray) -> InferInput:
-    inp = InferInput(name, list(value.shape), datatype)
-    inp.set_data_from_numpy(value)
-    return inp
-
-
-async def one(request: dict[str, object]) -> AsyncIterator[dict[str, object]]:
-    """A request stream that sends `request` and nothing else."""
-    yield request
-
-
-async def test_streams_one_response_per_token_and_flags_the_last(server: SimServer) -> None:
+async def test_streams_one_response_per_token_and_flags_the_last(
+    server: SimServer, infer_input: Any, one: Any
+) -> None:
     text = infer_input("text_input", "BYTES", np.array([b"a b c d"], dtype=np.object_))
     max_tokens = infer_input("sampling_param_max_tokens", "INT32", np.array([3], dtype=np.int32))
     request = {"model_name": "llm", "inputs": [text, max_tokens], "request_id": "r1"}
@@ -178,7 +169,9 @@ async def test_a_frozen_server_costs_one_timeout_and_the_run_says_why() -> None:
     assert result.error_samples and all("deadline" in e for e in result.error_samples)
 
 
-async def test_undeclared_inputs_are_rejected_like_triton(server: SimServer) -> None:
+async def test_undeclared_inputs_are_rejected_like_triton(
+    server: SimServer, infer_input: Any, one: Any
+) -> None:
     text = infer_input("text_input", "BYTES", np.array([b"hello"], dtype=np.object_))
     bogus = infer_input("bogus", "INT32", np.array([1], dtype=np.int32))
 

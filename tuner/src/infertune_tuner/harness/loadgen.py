@@ -38,6 +38,7 @@ stopped early.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Callable
@@ -187,8 +188,9 @@ async def run_load(
                 for w in workers:
                     w.close()
     settings = spec.settings()
-    cpu = time.process_time() - cpu0
+    cpu = time.process_time() - cpu0  # the whole process's: a trial's generator has its own
     settings["client_cpu_s"] = cpu
+    settings["client_pid"] = os.getpid()
     share = cpu / max(clock() - wall0, 1e-9)
     settings["client_cpu_share"] = share
     if share > CLIENT_SATURATED:

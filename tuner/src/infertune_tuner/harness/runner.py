@@ -29,7 +29,8 @@ from typing import IO
 
 from tritonclient.grpc.aio import InferenceServerClient
 
-from infertune_tuner.harness.loadgen import LoadSpec, ServerUnreachable, run_load
+from infertune_tuner.harness.load_process import run_load_isolated
+from infertune_tuner.harness.loadgen import LoadSpec, ServerUnreachable
 from infertune_tuner.harness.stats import BenchResult
 from infertune_tuner.measurement import TrialPhase, TrialStatus
 
@@ -215,8 +216,8 @@ async def _drive(
         return from_logs(f"the server exited before it was ready (exit code {code})")
     if ready == "timeout":
         return from_logs(f"the server was not ready after {plan.startup_timeout_s:g} s")
-    try:
-        result = await run_load(plan.load, on_phase=on_phase)
+    try:  # in a process of its own: side-by-side trials do not share an interpreter lock
+        result = await run_load_isolated(plan.load, on_phase=on_phase)
     except ServerUnreachable as exc:
         return from_logs(str(exc))
     except Exception as exc:  # a trial fails with a reason; it never takes the tuner down
