@@ -1,7 +1,8 @@
-# infertune images. Build with BuildKit (the default builder of Docker 23+):
+# infertune images. Build and push both with `scripts/images.sh REGISTRY` (then
+# `helm install ... --set image.registry=REGISTRY`), or by hand with BuildKit (Docker 23+):
 #
-#   docker build --target operator -t infertune/operator:0.1.0 .   # the operator (default target)
-#   docker build --target tuner    -t infertune/tuner:0.1.0 .      # Triton + TensorRT-LLM + infertune
+#   docker build --target operator -t REGISTRY/infertune-operator:0.1.0 .   # the operator
+#   docker build --target tuner    -t REGISTRY/infertune-tuner:0.1.0 .      # Triton + TRT-LLM + infertune
 #
 # Both install infertune from the same wheel, built once in the `builder` stage; no source tree is
 # copied into a final image. Base images are pinned to exact tags.

@@ -14,11 +14,14 @@ import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
+
+from infertune_tuner.request import TuningRequest
 
 REPO = Path(__file__).resolve().parent.parent
 # The tests never reach the Hugging Face Hub (a checkpoint's hf_quant_config.json is looked up
@@ -37,6 +40,25 @@ def repo() -> Path:
 @pytest.fixture
 def cli() -> CliRunner:
     return CliRunner()
+
+
+TrialRequest = Callable[..., TuningRequest]
+
+
+@pytest.fixture(scope="session")
+def trial_request() -> TrialRequest:
+    """A small request for trial-path tests: llama-3-8b on H100, ITL p50 <= 100 ms; keyword
+    arguments set the workload's input/output tokens and the model's fields (uri, ...)."""
+
+    def make(*, input_tokens: int = 64, output_tokens: int = 8, **model: Any) -> TuningRequest:
+        return TuningRequest.model_validate({
+            "name": "t", "model": {"name": "llama-3-8b", **model},
+            "gpu": {"product": "H100-SXM-80GB"},
+            "workload": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            "slo": [{"metric": "itl_ms", "percentile": "p50", "max_ms": 100}],
+        })  # fmt: skip
+
+    return make
 
 
 @pytest.fixture(scope="session")

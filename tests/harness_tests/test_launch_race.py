@@ -17,6 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infertune_tuner.backends.triton import TritonBackend
 from infertune_tuner.config import TrialConfig
@@ -69,15 +70,7 @@ class LlmapiLaunched(SimulatedRuntime):
         return self.serial and config.tp > 1
 
 
-def request() -> TuningRequest:
-    return TuningRequest.model_validate({
-        "name": "t", "model": {"name": "llama-3-8b"}, "gpu": {"product": "H100-SXM-80GB"},
-        "workload": {"input_tokens": 64, "output_tokens": 8},
-        "slo": [{"metric": "itl_ms", "percentile": "p50", "max_ms": 100}],
-    })  # fmt: skip
-
-
-def side_by_side(tmp_path: Path, serial: bool) -> list[Measurement]:
+def side_by_side(tmp_path: Path, request: TuningRequest, serial: bool) -> list[Measurement]:
     """Two TP-2 trials started at the same moment, as a tuner pod packing them does."""
     launcher = tmp_path / "llmapi_launch.py"
     launcher.write_text(LAUNCHER)
@@ -86,7 +79,7 @@ def side_by_side(tmp_path: Path, serial: bool) -> list[Measurement]:
         launcher=str(launcher), base_port=random.randint(11000, 30000), serial=serial,
     )  # fmt: skip
     backend = TritonBackend(
-        request(), runtime=runtime, workdir=tmp_path / "trials", requests_per_trial=8,
+        request, runtime=runtime, workdir=tmp_path / "trials", requests_per_trial=8,
         warmup=0, startup_timeout_s=60,
     )  # fmt: skip
     results: list[Measurement] = []
@@ -104,11 +97,11 @@ def side_by_side(tmp_path: Path, serial: bool) -> list[Measurement]:
     return results
 
 
-def test_the_race_is_real_without_the_launch_lock(tmp_path: Path) -> None:
-    statuses = sorted(m.status for m in side_by_side(tmp_path, serial=False))
+def test_the_race_is_real_without_the_launch_lock(tmp_path: Path, trial_request: Any) -> None:
+    statuses = sorted(m.status for m in side_by_side(tmp_path, trial_request(), serial=False))
     assert statuses == ["error", "ok"]
 
 
-def test_tp2_trials_side_by_side_both_start(tmp_path: Path) -> None:
-    results = side_by_side(tmp_path, serial=True)
+def test_tp2_trials_side_by_side_both_start(tmp_path: Path, trial_request: Any) -> None:
+    results = side_by_side(tmp_path, trial_request(), serial=True)
     assert [m.status for m in results] == ["ok", "ok"], [m.reason for m in results]

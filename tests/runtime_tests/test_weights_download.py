@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,32 +114,39 @@ class FetchingSimulatedRuntime(SimulatedRuntime):
         return self.repo, f"{self.folder}/{self.repo}"
 
 
-def request() -> TuningRequest:
-    return TuningRequest.model_validate({
-        "name": "t", "model": {"name": "llama-3-8b"}, "gpu": {"product": "H100-SXM-80GB"},
-        "workload": {"input_tokens": 64, "output_tokens": 8},
-        "slo": [{"metric": "itl_ms", "percentile": "p50", "max_ms": 100}],
-    })  # fmt: skip
-
-
-def trial_backend(tmp_path: Path, runtime: Any, phases: list[str]) -> TritonBackend:
+def trial_backend(
+    tmp_path: Path, request: TuningRequest, runtime: Any, phases: list[str]
+) -> TritonBackend:
     return TritonBackend(
-        request(), runtime=runtime, workdir=tmp_path / "trials", requests_per_trial=8, warmup=0,
+        request, runtime=runtime, workdir=tmp_path / "trials", requests_per_trial=8, warmup=0,
         startup_timeout_s=30, on_phase=lambda _c, p: phases.append(p),
     )  # fmt: skip
 
 
-def test_a_trial_downloads_before_its_server_starts_and_only_once(
-    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def fetching(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trial_request: Any
+) -> Callable[[str], tuple[TritonBackend, list[str]]]:
+    """A trial backend on the simulated server whose weights come from the stand-in Hub, and
+    the phases it reports."""
     for k, v in hub_env(hub, tmp_path / "hf-home").items():
         monkeypatch.setenv(k, v)
-    runtime = FetchingSimulatedRuntime(
-        program=(sys.executable, "-m", "infertune_tuner.harness.simserver"), time_scale=0.05,
-        folder=str(tmp_path / "weights"),
-    )  # fmt: skip
-    phases: list[str] = []
-    b = trial_backend(tmp_path, runtime, phases)
+
+    def make(repo: str) -> tuple[TritonBackend, list[str]]:
+        runtime = FetchingSimulatedRuntime(
+            program=(sys.executable, "-m", "infertune_tuner.harness.simserver"), time_scale=0.05,
+            folder=str(tmp_path / "weights"), repo=repo,
+        )  # fmt: skip
+        phases: list[str] = []
+        return trial_backend(tmp_path, trial_request(), runtime, phases), phases
+
+    return make
+
+
+def test_a_trial_downloads_before_its_server_starts_and_only_once(
+    hub: FakeHub, tmp_path: Path, fetching: Any
+) -> None:
+    b, phases = fetching("org/llama")
     first = b.run(TrialConfig(1, 4, "bf16", "auto"))
     second = b.run(TrialConfig(1, 8, "bf16", "auto"))
     assert (first.status, second.status) == ("ok", "ok"), (first.reason, second.reason)
@@ -149,17 +156,9 @@ def test_a_trial_downloads_before_its_server_starts_and_only_once(
     assert (tmp_path / "weights" / "org" / "llama" / "config.json").is_file()
 
 
-def test_a_refused_download_fails_the_trial_with_the_hubs_reason(
-    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for k, v in hub_env(hub, tmp_path / "hf-home").items():
-        monkeypatch.setenv(k, v)
-    runtime = FetchingSimulatedRuntime(
-        program=(sys.executable, "-m", "infertune_tuner.harness.simserver"),
-        folder=str(tmp_path / "weights"), repo="meta-llama/gated",
-    )  # fmt: skip
-    phases: list[str] = []
-    m = trial_backend(tmp_path, runtime, phases).run(TrialConfig(1, 4, "bf16", "auto"))
+def test_a_refused_download_fails_the_trial_with_the_hubs_reason(fetching: Any) -> None:
+    b, phases = fetching("meta-llama/gated")
+    m = b.run(TrialConfig(1, 4, "bf16", "auto"))
     assert m.status == "error" and m.reason is not None
     assert m.reason.startswith("cannot download meta-llama/gated:")
     assert "starting server" not in phases  # no server for weights that are not there

@@ -18,17 +18,8 @@ from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
 from infertune_tuner import defaults
 from infertune_tuner.catalog.models import is_gated
-from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.runtime.weights import (
-    MissingCheckpoint,
-    cache_gib,
-    model_path_for,
-    split_pvc,
-    trial_weights,
-    uses_model_cache,
-    weights_uri,
-)
+from infertune_tuner.runtime.weights import cache_gib, hub_repo, trial_weights, uses_model_cache
 
 TOKEN_MISSING = "TokenMissing"
 LARGE_MODEL_CACHE = "LargeModelCache"
@@ -81,15 +72,10 @@ def _token(obj: InferenceDeployment, request: TuningRequest) -> list[Advisory]:
     if source is not None and source.token_secret_ref is not None:
         return []
     gated: list[str] = []
-    for q in request.search.quantization:
-        try:
-            uri = weights_uri(request, TrialConfig(1, 1, q, "auto"))
-        except MissingCheckpoint:
-            continue
-        if split_pvc(uri) is None and not uri.startswith("file://"):
-            repo = model_path_for(uri)
-            if is_gated(repo) and repo not in gated:
-                gated.append(repo)
+    for uri in trial_weights(request):
+        repo = hub_repo(uri)
+        if repo is not None and is_gated(repo) and repo not in gated:
+            gated.append(repo)
     if not gated:
         return []
     where = (

@@ -122,6 +122,21 @@ class TrialRuntime(Protocol):
         ...
 
 
+class PlainServer:
+    """What a runtime whose server loads no weights and starts plainly says (the simulated
+    server, the local Triton server with infertune's model): nothing to download, no extra
+    environment, no start that races with another."""
+
+    def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
+        return None
+
+    def launch_env(self) -> dict[str, str]:
+        return {}
+
+    def serial_launch(self, config: TrialConfig) -> bool:
+        return False
+
+
 class ServingRuntime(TrialRuntime, Protocol):
     """One way to serve a configuration (see the module docstring): a trial's, and a pod's."""
 

@@ -41,9 +41,9 @@ import infertune_tuner.pymodel
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.pymodel.spec import BODY_FILE, BodyKind, BodySpec
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.runtime.base import SERVED_MODEL, Ports
+from infertune_tuner.runtime.base import SERVED_MODEL, PlainServer, Ports
 from infertune_tuner.runtime.triton import repository_files
-from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, model_path_for, weights_uri
+from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, served_path, weights_uri
 
 BINARY_ENV = "INFERTUNE_TRITONSERVER"
 STUB_PATH_ENV = "INFERTUNE_STUB_PATH"
@@ -153,7 +153,7 @@ def stub_path() -> str:
 
 
 @dataclass(frozen=True)
-class LocalTritonRuntime:
+class LocalTritonRuntime(PlainServer):
     """The wheel's tritonserver with infertune's model (see the module docstring).
 
     `body`: `simulated` (the performance model's step times x `time_scale`) or `torch` (real
@@ -174,18 +174,6 @@ class LocalTritonRuntime:
         install.check()
         return install
 
-    def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
-        """Nothing: this server loads no weights."""
-        return None
-
-    def launch_env(self) -> dict[str, str]:
-        """Nothing beyond the caller's."""
-        return {}
-
-    def serial_launch(self, config: TrialConfig) -> bool:
-        """No: nothing of this server's start races with another's."""
-        return False
-
     def problems(self, request: TuningRequest) -> list[str]:
         """What the wheel's tritonserver lacks here (TritonInstall.check names it)."""
         try:
@@ -198,9 +186,9 @@ class LocalTritonRuntime:
         """Triton's files (a quantization without a checkpoint points at the base model: no
         weights are loaded) and body.json."""
         try:
-            model = model_path_for(weights_uri(request, config))
+            model = served_path(weights_uri(request, config))
         except MissingCheckpoint:
-            model = model_path_for(base_uri(request))
+            model = served_path(base_uri(request))
         files = repository_files(request, config, model)
         spec = BodySpec.of(
             self.body, request.resolve_model(), request.resolve_gpu().key, config,

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.runtime.base import SERVED_MODEL, PodShape, Ports
+from infertune_tuner.runtime.base import SERVED_MODEL, PlainServer, PodShape, Ports
 from infertune_tuner.runtime.triton import TritonRuntime, repository_files
-from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, model_path_for
+from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, served_path
 
 
 @dataclass(frozen=True)
-class SimulatedRuntime:
+class SimulatedRuntime(PlainServer):
     """`infertune simserver` for one configuration.
 
     `program` is how to start it (tests use ``[sys.executable, "-m",
@@ -32,18 +32,6 @@ class SimulatedRuntime:
     name: str = "simulated"
     program: tuple[str, ...] = ("infertune", "simserver")
     time_scale: float = 1.0
-
-    def fetch(self, request: TuningRequest, config: TrialConfig) -> tuple[str, str] | None:
-        """Nothing: this server loads no weights."""
-        return None
-
-    def launch_env(self) -> dict[str, str]:
-        """Nothing beyond the caller's."""
-        return {}
-
-    def serial_launch(self, config: TrialConfig) -> bool:
-        """No: nothing of this server's start races with another's."""
-        return False
 
     def problems(self, request: TuningRequest) -> list[str]:
         """None: the simulated server is infertune itself."""
@@ -55,7 +43,7 @@ class SimulatedRuntime:
         try:
             return TritonRuntime().model_files(request, config)
         except MissingCheckpoint:
-            return repository_files(request, config, model_path_for(base_uri(request)))
+            return repository_files(request, config, served_path(base_uri(request)))
 
     def launch_argv(
         self, request: TuningRequest, config: TrialConfig, *, repo_dir: str, ports: Ports,
