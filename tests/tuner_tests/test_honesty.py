@@ -3,6 +3,7 @@ samplers that stop when nothing is left to measure."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.report.markdown import render_markdown
+from infertune_tuner.request import SloBound
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.search.classify import Exclusion
+from infertune_tuner.search.coverage import CoverageInput, could_win
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.plausibility import decode_bound, judged
@@ -192,3 +195,55 @@ def test_a_search_cut_short_before_coverage_claims_no_confidence(tmp_path: Path)
     assert report.uncovered and report.confidence is None
     text = render_markdown(report)
     assert f"not claimed: {', '.join(report.uncovered)}" in text
+
+
+def test_a_structure_measured_far_below_its_predicted_best_is_still_a_gap() -> None:
+    """One measurement at a third of a structure's best batch does not cover it: the pool's
+    error may grow with batch (the development world synthetic-04 was 29 % faster at batch 192
+    than one measurement at batch 64 let the posterior believe)."""
+    req = request(e2e_p95=LOOSE, max_trials=40)
+    planner, priors = _planner(req)
+    known = _measured(req, priors, TP2, 2.0)
+    gap = planner.gaps(known, planner.assess(known))[0]
+    batches = sorted({c.max_batch_size for c in priors})
+
+    def with_neighbour(ratio: float) -> Known:
+        b = max(x for x in batches if x <= gap.target.max_batch_size / ratio)
+        near = TrialConfig(gap.target.tp, b, gap.target.quantization, gap.target.kv_cache_dtype)
+        assert near in priors and near != gap.target
+        return Known.build(req, {**known.runs, near: [_as_predicted(priors[near], 2.0)]})
+
+    far, close = with_neighbour(3.0), with_neighbour(1.5)
+    assert gap.structure in {g.structure for g in planner.gaps(far, planner.assess(far))}
+    assert gap.structure not in {g.structure for g in planner.gaps(close, planner.assess(close))}
+
+
+def test_a_tied_latency_moves_with_the_throughput_it_would_need() -> None:
+    """A configuration that could beat the incumbent only by running faster than predicted
+    also finishes its requests sooner in that world (Little's law): its E2E bound is judged
+    there, not at the run's median error."""
+    req = request(quants=["fp8"], tps=[2, 4, 8])
+    _, priors = _planner(req)
+    inc, cfg = TrialConfig(4, 64, "fp8", "auto"), TrialConfig(8, 192, "fp8", "auto")
+    others = [TrialConfig(8, 64, "fp8", "auto"), TrialConfig(2, 16, "fp8", "auto"),
+              TrialConfig(2, 8, "fp8", "auto")]  # fmt: skip
+    tps = dict(zip([inc, *others], [0.2, 0.3, 0.0, 0.0], strict=True))
+    e2e = {c: -v for c, v in tps.items()}  # exactly Little's law: no error of its own
+    predicted_e2e = priors[cfg].e2e_ms.p95
+    # The median rule would allow e2e x exp(-0.1 - 0.3) = 0.67; the world where `cfg` beats the
+    # incumbent (tok/s/GPU error 0.2 + 0.3) has it at x exp(-0.5) = 0.61.
+    bound = SloBound(metric="e2e_ms", percentile="p95", max_ms=predicted_e2e * 0.64)
+
+    def data(ties: float) -> CoverageInput:
+        return CoverageInput(
+            universe=list(priors), candidates=[cfg], valid=frozenset(tps),
+            feasible=frozenset([inc]), residuals={"tps": tps, "e2e_ms/p95": e2e},
+            own={"e2e_ms/p95": {c: 0.0 for c in tps}},
+            incumbent=inc, incumbent_tps=priors[inc].output_tokens_per_s_per_gpu * math.exp(0.2),
+            priors=priors, bounds=[("e2e_ms/p95", bound, lambda p: p.e2e_ms.p95, ties)],
+            decode_bound=lambda c: 1e9,
+        )  # fmt: skip
+
+    s = SearchSettings()
+    assert could_win(cfg, data(-1.0), s.coverage_floor, s.improvement)
+    assert not could_win(cfg, data(0.0), s.coverage_floor, s.improvement)  # judged on its own

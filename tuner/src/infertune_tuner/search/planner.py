@@ -43,7 +43,7 @@ from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.joint import Posterior, log_bound
 from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
 from infertune_tuner.search.plausibility import decode_bound
-from infertune_tuner.search.residuals import bound_key, predicted, residuals
+from infertune_tuner.search.residuals import bound_key, predicted, residuals, tie
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import StopKind, StopReason
@@ -129,11 +129,12 @@ class Planner:
             valid=frozenset(o.config for o in r.observations["tps"]),
             feasible=frozenset(known.feasible()),
             residuals=r.by_config(),
+            own={k: {o.config: o.log_ratio for o in v} for k, v in r.own.items()},
             incumbent=a.best,
             incumbent_tps=a.best_tps,
             priors=self.priors,
             bounds=[
-                (k, b, partial(predicted, b=b))
+                (k, b, partial(predicted, b=b), tie(k))
                 for k, b in zip(self.keys, self.request.slo, strict=True)
             ],
             decode_bound=lambda c: decode_bound(model, gpu, c),
