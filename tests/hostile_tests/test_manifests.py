@@ -4,9 +4,11 @@ exit 2 and the field path, as strictly as the API server would (classes 4 and 5)
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .corpus import Edit, both, check, drop, invoke, manifest, put, rename
 
@@ -28,7 +30,11 @@ STRICT: list[tuple[str, Edit, str]] = [
     ("bool-for-int", put(f"{W}.inputTokens", True), f"{W}.inputTokens"),
     ("string-for-int", put(f"{W}.inputTokens", "1024"), f"{W}.inputTokens"),
     ("float-for-int", put(f"{W}.inputTokens", 1024.5), f"{W}.inputTokens"),
-    ("whole-float-for-int", put(f"{W}.outputTokens", 128.0), f"{W}.outputTokens"),
+    ("huge-whole-float-maxtrials", put(f"{T}.maxTrials", 1e30), f"{T}.maxTrials"),
+    ("whole-float-seed-2-64", put(f"{T}.seed", 2.0**64), f"{T}.seed"),
+    ("whole-float-string", put(f"{W}.inputTokens", "1024.0"), f"{W}.inputTokens"),
+    ("half-float-batch", put(f"{S}.maxBatchSize", [8, 32.5]), f"{S}.maxBatchSize[1]"),
+    ("whole-float-tp-3", put(f"{S}.tensorParallel", [3.0]), f"{S}.tensorParallel[0]"),
     ("string-output", put(f"{W}.outputTokens", "512"), f"{W}.outputTokens"),
     ("string-stddev", put(f"{W}.inputTokensStddev", "3"), f"{W}.inputTokensStddev"),
     ("string-maxtrials", put(f"{T}.maxTrials", "40"), f"{T}.maxTrials"),
@@ -339,6 +345,45 @@ def test_tune_refuses_before_any_trial(tmp_path: Path, edit: Edit, fragment: str
                      "--backend", backend])  # fmt: skip
     check(result, 2, fragment)
     assert not (out / "report.json").exists()
+
+
+# What the cluster accepts, the CLI accepts: kubectl sends YAML as JSON, where a number with an
+# integral value is an integer (`inputTokens: 1024.0` reaches the API server as 1024, and the
+# CRD's integer fields take it), so `validate` and `tune` take it too.
+AS_KUBECTL_SENDS: list[tuple[str, Edit]] = [
+    ("whole-float-input", put(f"{W}.inputTokens", 1024.0)),
+    ("whole-float-output", put(f"{W}.outputTokens", 128.0)),
+    ("whole-float-maxtrials", put(f"{T}.maxTrials", 3.0)),
+    ("whole-float-seed", put(f"{T}.seed", 1.0)),
+    ("whole-float-tp-items", put(f"{S}.tensorParallel", [1.0, 2.0])),
+    ("whole-float-batch-items", put(f"{S}.maxBatchSize", [8.0, 32])),
+    ("whole-float-maxgpus", put("spec.gpu.maxGpusPerReplica", 8.0)),
+    ("whole-float-replicas", put("spec.serving.replicas", 2.0)),
+    ("whole-float-p95", put("spec.slo.e2eLatencyMs.p95", 60000.0)),
+]
+
+
+@pytest.mark.parametrize(
+    "edit", [c[1] for c in AS_KUBECTL_SENDS], ids=[c[0] for c in AS_KUBECTL_SENDS]
+)
+def test_validate_accepts_what_kubectl_sends(tmp_path: Path, edit: Edit) -> None:
+    check(invoke(["validate", manifest(tmp_path, edit)]), 0, "valid InferenceDeployment 'hostile'")
+
+
+def test_tune_takes_whole_floats_as_the_cluster_does(tmp_path: Path) -> None:
+    """YAML and JSON alike; the report's request holds the integers the cluster would store."""
+    edits = [e for _, e in AS_KUBECTL_SENDS]
+    for name in ("manifest.yaml", "manifest.json"):
+        spec = manifest(tmp_path, *edits, name=name)
+        if name.endswith(".json"):
+            spec.write_text(json.dumps(yaml.safe_load(spec.read_text())), encoding="utf-8")
+            assert "1024.0" in spec.read_text()
+        out = tmp_path / f"out-{name}"
+        check(invoke(["tune", spec, "--out", out, "--no-progress"]), 0, "3 trials executed")
+        request = json.loads((out / "report.json").read_text())["request"]
+        assert request["workload"]["input_tokens"] == 1024
+        assert isinstance(request["workload"]["input_tokens"], int)
+        assert request["search"]["tensor_parallel"] == [1, 2]
 
 
 def test_a_valid_manifest_is_valid(tmp_path: Path) -> None:

@@ -92,6 +92,24 @@ def _shape_problem(doc: Any) -> str | None:
     return None
 
 
+def as_kubectl_sends(node: Any) -> Any:
+    """The document as the API server receives it from ``kubectl apply``.
+
+    kubectl turns YAML into JSON before sending it (sigs.k8s.io/yaml, then Go's encoding/json),
+    and a number with an integral value comes out as an integer: ``inputTokens: 1024.0`` reaches
+    the server as ``1024``. (Even sent as ``1024.0``, the server's OpenAPI validation accepts an
+    integral float for an integer field.) So the CLI accepts exactly that, and nothing more:
+    ``1024.5``, ``"1024"``, ``true``, ``.inf`` and ``.nan`` stay what they are and are refused.
+    """
+    if isinstance(node, float) and node.is_integer():  # finite, no fraction (bool is no float)
+        return int(node)
+    if isinstance(node, dict):
+        return {k: as_kubectl_sends(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [as_kubectl_sends(v) for v in node]
+    return node
+
+
 def _parse(path: Path, text: str) -> list[Any]:
     if path.suffix == ".json":
         return [json.loads(text, object_pairs_hook=_no_duplicates)]
@@ -132,7 +150,7 @@ def load_documents(path: Path) -> list[dict[str, Any]]:
     bad = [i for i, d in enumerate(docs) if not isinstance(d, dict)]
     if bad:
         raise InputError(f"{path}: document {bad[0] + 1} is not a mapping")
-    return docs
+    return [as_kubectl_sends(d) for d in docs]
 
 
 def find_deployment_document(path: Path) -> dict[str, Any]:
