@@ -117,6 +117,9 @@ def test_ctrl_c_mid_trial_writes_the_report_ends_the_server_and_frees_the_study(
     assert report["stopped_reason"].startswith("interrupted")
     wait_for(lambda: not marked(marker), timeout=30, what="the trial's server to end")
     assert (out / LOCK).read_text() == ""  # released
-    # The interrupted trial was not measured: it is retried, and the study is free at once.
-    check(invoke(["tune", spec, "--backend", "simulated", "--out", out, "--no-progress"]), 0,
-          "trials executed")  # fmt: skip
+    # The study is free at once: a run of another study is refused for being another study
+    # (the earlier report stays), not for a lock; the interrupted trial has its row.
+    check(invoke(["tune", spec, "--backend", "simulated", "--out", out, "--no-progress"]), 2,
+          "spec.tuning.backend (--backend): triton before, simulated now")  # fmt: skip
+    assert json.loads((out / "report.json").read_text()) == report
+    assert [t["state"] for t in report["trials"] if t["number"] == 0] == ["interrupted"]

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infertune_operator import __version__, cli_harness, cli_operator, cli_tuner
+from infertune_operator import __version__, cli_catalog, cli_harness, cli_operator, cli_tuner
 from infertune_tuner import defaults
 from infertune_tuner.cli_support import Group, command
 from infertune_tuner.errors import EXIT_INVALID
@@ -26,7 +26,9 @@ app = typer.Typer(
     name="infertune",
     help="Autotune LLM inference deployments (Triton + TensorRT-LLM) against latency SLOs.",
     cls=Group,
-    rich_markup_mode="markdown",  # docstring paragraphs reflow; `code` renders as code
+    # Click's plain help: it wraps every column and never cuts a word (Typer's rich panels cut
+    # words wider than their help column: "spec.tuning.maxTri…" at 80 columns).
+    rich_markup_mode=None,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -105,9 +107,10 @@ COMMANDS: tuple[Callable[..., Any], ...] = (
     crd,
     validate,
     cli_tuner.tune,
+    cli_tuner.export_replay,
     cli_tuner.predict,
-    cli_tuner.gpus,
-    cli_tuner.models,
+    cli_catalog.gpus,
+    cli_catalog.models,
     cli_harness.bench,
     simserver,
     cli_harness.render,

@@ -113,7 +113,9 @@ def tune_job(
     Exits 0 whether or not a configuration met the SLO (the report says which); only a crash
     fails the Job.
     """
-    from infertune_operator import k8s, naming, report_store
+    from infertune_operator import k8s, naming
+    from infertune_operator.report_owner import WriteAction
+    from infertune_operator.report_writer import write_report
     from infertune_operator.tuner_workers import worker_request
     from infertune_tuner.cli_support import exit_on_sigterm
     from infertune_tuner.request import TuningRequest
@@ -130,31 +132,29 @@ def tune_job(
     if report_configmap != expected:
         raise InputError(f"--report-configmap must be {expected!r} for request {req.name!r}")
     kube = _kube()
-    req, gpus = worker_request(req, os.environ)
+    run_req, gpus = worker_request(req, os.environ)
     with tempfile.TemporaryDirectory(prefix="infertune-tune-") as tmp:
-        report = tune(req, backend=req.tuning.backend, out_dir=Path(tmp), gpus=gpus)
+        report = tune(run_req, backend=run_req.tuning.backend, out_dir=Path(tmp), gpus=gpus)
     if report is None:  # one worker of a parallel tuning: the last one writes the report
         typer.echo(f"{req.name}: worker done; the last worker writes the report")
         return
-    body = report_store.report_configmap(
-        name=req.name,
-        namespace=namespace,
-        report_json=report.to_json(),
-        th=tuning_hash,
-        owner_uid=owner_uid,
-    )
     try:
-        created = kube.create(body)[1]
-        if not created:
-            kube.patch(k8s.CONFIGMAPS, namespace, report_configmap, body)
+        outcome = write_report(
+            kube, request=req, report=report, namespace=namespace, th=tuning_hash, uid=owner_uid
+        )
     except k8s.KubeError as exc:
         raise InputError(f"cannot write the report ConfigMap: {exc}", exit_code=1) from None
     verdict = (
         f"best {report.best.config.label()}" if report.best is not None else "no feasible config"
     )
+    if outcome.action is WriteAction.SKIP:  # a newer tuning owns the report: exit 0, quietly
+        typer.echo(f"{req.name}: {report.executed_trials} trials, {verdict}; report not "
+                   f"written: {outcome.reason}")  # fmt: skip
+        return
+    kept = "" if outcome.complete else " (its summary: the complete report does not fit)"
     typer.echo(
         f"{req.name}: {report.executed_trials} trials, {verdict}; report in ConfigMap "
-        f"{namespace}/{report_configmap}"
+        f"{namespace}/{report_configmap}{kept}"
     )
 
 
@@ -164,7 +164,7 @@ def report(
         str | None, typer.Option("--namespace", "-n", help="Namespace (default: kubeconfig's).")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Output folder (default ./<name>-report).")
+        Path | None, typer.Option("--out", "-o", help="Output folder (default ./NAME-report).")
     ] = None,
     open_browser: Annotated[
         bool, typer.Option("--open", help="Open the HTML report in a browser.")
@@ -192,6 +192,14 @@ def report(
         parsed = report_store.parse_report(cm)
     except ValueError as exc:
         raise InputError(f"ConfigMap {ns}/{cm_name}: {exc}") from None
+    if not report_store.is_complete(cm):
+        typer.echo(
+            f"note: ConfigMap {ns}/{cm_name} holds a summary of the report: the "
+            f"{len(parsed.trials)} executed trials of {report_store.trials_total(cm, parsed)}, "
+            "their failure reasons cut short (the complete report did not fit in a ConfigMap; "
+            "the study storage, spec.tuning.storage, keeps every trial)",
+            err=True,
+        )
     paths = write_report(parsed, out or Path(f"{name}-report"))
     for p in paths:
         typer.echo(str(p))

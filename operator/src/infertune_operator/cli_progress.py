@@ -3,9 +3,10 @@
 A resumed study says so before anything runs. The bar counts executed trials against the
 budget; beside it, the trial that is running, its phase (starting server, loading model,
 warm-up, measuring) and how long that phase has taken, then the verdict of the last trial and
-the best feasible tok/s/GPU so far. When the search stops, the bar gives way to a line that
-says why (a search that converges after 4 of 40 trials ends with "4 trials executed;
-converged ...", not with a bar at 4/40).
+the best feasible tok/s/GPU so far. When the search stops, the bar goes: what the run found
+and why it stopped is the result, printed once on stdout by the command (a search that
+converged after 4 of 40 trials must not end with a bar at 4/40 on stderr and the same summary
+again on stdout).
 """
 
 from __future__ import annotations
@@ -102,14 +103,10 @@ class TuneProgress:
             self._task, advance=1, description=desc, count=self._count(), phase=None
         )
 
-    def finish(self, stopped_reason: str | None) -> None:
-        """Replace the bar with why the search stopped (None: it was interrupted)."""
+    def finish(self) -> None:
+        """Take the bar away (the command prints the result on stdout)."""
         if self._progress is None or self._task is None:
             return
-        if stopped_reason is not None:
-            self._progress.update(self._task, visible=False)
+        self._progress.update(self._task, visible=False)
         self._progress.stop()
         self._progress = None
-        if stopped_reason is not None:
-            trials = f"{self._done} trial{'s' * (self._done != 1)}"
-            self.console.print(f"tuning: {trials} executed; {stopped_reason}", highlight=False)

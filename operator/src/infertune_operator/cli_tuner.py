@@ -1,11 +1,10 @@
-"""`infertune tune | predict | gpus | models`: the tuner and the performance model, no cluster."""
+"""`infertune tune | export-replay | predict`: the tuner and the performance model, no cluster."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,38 +14,12 @@ from infertune_tuner.cli_support import KvDtypeOption, QuantOption, exit_on_sigt
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import Sampler
 
+if TYPE_CHECKING:
+    from infertune_tuner.result import Report
+
 EXIT_NO_FEASIBLE = 3
 EXIT_TRIALS_FAILED = 4
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for Ctrl-C (SIGINT); the report is written
-
-
-def _public_fields(obj: object) -> dict[str, Any]:
-    """A catalog dataclass as JSON-ready data (sets sorted, tuples as lists)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
-        v = getattr(obj, f.name)
-        out[f.name] = (
-            sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v
-        )
-    return out
-
-
-def _listing(
-    as_json: bool, data: list[dict[str, Any]], title: str, columns: list[str], rows: list[list[str]]
-) -> None:
-    """Print a catalog as JSON or as a table."""
-    if as_json:
-        typer.echo(json.dumps(data, indent=2))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
 
 
 def tune(
@@ -89,10 +62,8 @@ def tune(
     from infertune_operator.api.models import SEED_MAX
     from infertune_operator.api.to_request import to_request
     from infertune_operator.cli_progress import TuneProgress
-    from infertune_tuner.report.view import build_view
     from infertune_tuner.run import tune as run_tune
     from infertune_tuner.run import write_report
-    from infertune_tuner.stop import StopKind
     from infertune_tuner.storage import mask_url
 
     exit_on_sigterm()
@@ -120,11 +91,11 @@ def tune(
             request, backend=backend, out_dir=out_dir, server_command=server_command,
             on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
         )  # fmt: skip
+        shown.finish()
         if report is not None:
-            shown.finish(report.stopped_reason)
             paths = write_report(report, out_dir)
     except BaseException as exc:
-        shown.finish(None)
+        shown.finish()
         if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
             where = exc.filename or out_dir
             raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
@@ -134,27 +105,71 @@ def tune(
             raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
         raise
     if report is None:  # a worker of a shared study: the last worker writes the report
-        shown.finish(None)
         typer.echo("worker done; the last worker of the shared study writes the report")
         return
+    _summary(report, paths)
+
+
+def _summary(report: Report, paths: list[Path]) -> None:
+    """The result on stdout, once: the headline, the next step, what ran and why it stopped,
+    where the report is; then the exit status the outcome calls for."""
+    from infertune_tuner.report.view import Outcome, build_view, confidence_gap
+
     view = build_view(report)
-    typer.echo(view.verdict)
+    typer.echo(view.headline.text)
+    if view.headline.next_step:
+        typer.echo(f"Next: {view.headline.next_step}")
     resumed = (
         f", {report.resumed_trials} of them by an earlier run" if report.resumed_trials else ""
     )
+    gap = confidence_gap(report, short=True)
     typer.echo(
         f"{report.executed_trials} trials executed{resumed}"
-        f"{f' ({view.plan})' if view.plan else ''}; stopped: {report.stopped_reason}; "
-        f"report: {', '.join(str(p) for p in paths)}"
+        f"{f' ({view.plan})' if view.plan else ''}; stopped: {report.stopped_reason}"
+        f"{f' ({gap})' if gap else ''}"
     )
-    if report.stop == StopKind.INTERRUPTED:
-        raise typer.Exit(EXIT_INTERRUPTED)
-    if report.best is None and report.stop == StopKind.ABORTED:
-        raise InputError(report.stopped_reason, exit_code=EXIT_TRIALS_FAILED)
-    if report.best is None:
-        for nm in report.nearest_misses:
-            typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")
-        raise typer.Exit(EXIT_NO_FEASIBLE)
+    for nm in report.nearest_misses:
+        typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")
+    typer.echo(f"report: {', '.join(str(p) for p in paths)}")
+    code = {
+        Outcome.FOUND: 0,
+        Outcome.FOUND_SO_FAR: EXIT_INTERRUPTED,
+        Outcome.INTERRUPTED: EXIT_INTERRUPTED,
+        Outcome.ABORTED: EXIT_TRIALS_FAILED,
+        Outcome.NOT_FOUND: EXIT_NO_FEASIBLE,
+    }[view.headline.outcome]
+    if code:
+        raise typer.Exit(code)
+
+
+def export_replay(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A report.json, an output folder of `infertune tune`, or its study.journal.",
+            metavar="REPORT_OR_STUDY",
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="The table to write (default: replay.csv beside it)."),
+    ] = None,
+) -> None:
+    """Write a study's measurements as a replay table, to re-tune offline.
+
+    One row per measured configuration (repeats combined as the search combined them); failed,
+    invalid and interrupted trials are left out. Then `infertune tune SPEC --backend
+    replay:TABLE` answers every configuration the study measured without a GPU, under the SLO,
+    budget or sampler SPEC gives now (a configuration the study never measured is a failed
+    trial: "not in table").
+    """
+    from infertune_tuner.replay_export import export
+
+    folder = source if source.is_dir() else source.parent
+    table = out or folder / "replay.csv"
+    found = export(source, table)
+    typer.echo(f"exported {found.summary()}", err=True)
+    typer.echo(str(table))
 
 
 def predict(
@@ -250,48 +265,3 @@ def predict(
     for k, v in rows:
         t.add_row(k, v)
     Console().print(t)
-
-
-def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the GPU catalog."""
-    from infertune_tuner.catalog.gpus import GPUS
-
-    def tf(v: float | None) -> str:
-        return f"{v:.0f}" if v else "-"
-
-    _listing(
-        as_json,
-        [_public_fields(g) for g in GPUS.values()],
-        "GPU catalog (dense tensor TFLOPS)",
-        ["key", "arch", "GiB", "GB/s", "bf16", "fp8", "fp4", "link", "quantizations", "node label"],
-        [
-            [g.key, g.architecture, f"{g.memory_gib:.0f}", f"{g.hbm_bandwidth_gbs:.0f}",
-             tf(g.bf16_tflops), tf(g.fp8_tflops), tf(g.fp4_tflops),
-             f"{g.link} {g.link_bandwidth_gbs:.0f} GB/s", ", ".join(sorted(g.quantizations)),
-             ", ".join(g.product_labels)]
-            for g in GPUS.values()
-        ],
-    )  # fmt: skip
-
-
-def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the model catalog (Hugging Face ids map to these keys)."""
-    from infertune_tuner.catalog.models import MODELS
-
-    _listing(
-        as_json,
-        [
-            {**_public_fields(m), "params_b": round(m.params / 1e9, 2),
-             "active_params_b": round(m.active_params / 1e9, 2)}
-            for m in MODELS.values()
-        ],
-        "Model catalog",
-        ["key", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "MoE", "Hugging Face ids"],
-        [
-            [m.key, f"{m.params / 1e9:.1f}B", str(m.layers), str(m.hidden_size),
-             f"{m.heads}/{m.kv_heads}", str(m.ffn_size), str(m.vocab_size),
-             f"{m.experts}x, {m.experts_active} active" if m.experts > 1 else "-",
-             "\n".join(m.hf_ids)]
-            for m in MODELS.values()
-        ],
-    )  # fmt: skip

@@ -9,6 +9,10 @@ the same Typer command as ``infertune simserver``.
   error's exit code, never a traceback. This happens once, in :class:`Group` / :class:`Command`,
   not in each command.
 * Help shows no ``<bool>`` placeholder after a flag and names arguments ``SPEC``, not ``{spec}``.
+* Help never cuts a word: the commands use click's plain help formatter (``infertune`` sets
+  ``rich_markup_mode=None``), which wraps every column; Typer's rich panels cut any word wider
+  than their help column ("spec.tuning.maxTri…" in an 80-column terminal). The command list
+  shows each command's first sentence whole, wrapped, never ending in "...".
 """
 
 from __future__ import annotations
@@ -53,6 +57,11 @@ class Group(_Conventions, TyperGroup):
 
 class Command(_Conventions, TyperCommand):
     """One command; the usage line names its arguments in capitals, optional ones in [ ]."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The first sentence of the help, whole (the command list wraps it, never cuts it)."""
+        text: str = super().get_short_help_str(limit=10_000)
+        return text
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

@@ -19,8 +19,9 @@ from infertune_tuner.schema import Record, with_fields
 from infertune_tuner.stop import StopKind
 
 REPORT_SCHEMA = "infertune.report/v1"
-# invalid: measured, but physically implausible or a shorter workload (search/plausibility.py)
-TrialState = Literal["complete", "infeasible_predicted", "oom", "failed", "invalid"]
+# invalid: measured, but physically implausible or a shorter workload (search/plausibility.py);
+# interrupted: started, but stopped (Ctrl-C, its worker died) before it measured anything
+TrialState = Literal["complete", "infeasible_predicted", "oom", "failed", "invalid", "interrupted"]
 
 
 class ConfigOut(Record):
@@ -119,9 +120,23 @@ class Trial(Record):
     purpose: str | None = None
 
 
+class MeasuredConfig(Record):
+    """One measured configuration, its repeats combined into the typical run (the mean
+    tok/s/GPU and each latency percentile's geometric mean: what the SLO was checked against)."""
+
+    config: ConfigOut
+    trials: list[int]  # the executed trials that measured it
+    state: TrialState  # complete | oom | failed | invalid
+    slo_ok: bool | None = None
+    metrics: Metrics | None = None
+    # The most requests seen decoding at once (below the max batch: the KV cache capped it).
+    concurrency: float | None = None
+
+
 class Best(Record):
-    """The chosen configuration. With repeats, `metrics` holds the mean tok/s/GPU and the worse
-    repeat of every latency percentile (what the SLO was checked against)."""
+    """The chosen configuration. With repeats, `metrics` holds the typical run: the mean
+    tok/s/GPU and the geometric mean of every latency percentile (what the SLO was checked
+    against; search/evidence.py `combine`)."""
 
     config: ConfigOut
     metrics: Metrics
@@ -159,6 +174,16 @@ class Excluded(Record):
     reason: str
 
 
+class NearTie(Record):
+    """A measured, SLO-meeting configuration within measurement noise of the best: the
+    posterior gives it a real chance of being more than 2 % faster (what lowers the confidence
+    below 1 - P(an untried configuration beats the best))."""
+
+    config: ConfigOut
+    output_tokens_per_s_per_gpu: float
+    p_beat: float
+
+
 class NearMiss(Record):
     trial: int
     config: ConfigOut
@@ -177,6 +202,8 @@ class Report(Record):
     space_size: int
     excluded: list[Excluded] = Field(default_factory=list)
     trials: list[Trial]
+    # Every measured configuration once (the plot's points, a replay table's rows).
+    measured: list[MeasuredConfig] = Field(default_factory=list)
     best: Best | None
     executed_trials: int
     resumed_trials: int = 0  # of the executed ones, how many an earlier run left in the study
@@ -187,6 +214,10 @@ class Report(Record):
     # Posterior probability that no untried configuration beats the best by more than 2 %; None
     # when it is not claimed (`uncovered` structures were never measured near their best).
     confidence: float | None = None
+    # P(an untried configuration beats the best by more than 2 %): the search's stop rule; the
+    # rest of 1 - confidence is `near_ties` (measured configurations within noise of the best).
+    p_untried_beats: float | None = None
+    near_ties: list[NearTie] = Field(default_factory=list)
     # TP sizes / quantizations that could still hold the optimum, never measured near their
     # predicted best (search/coverage.py): the search stopped (budget, timeout) before them.
     uncovered: list[str] = Field(default_factory=list)

@@ -12,43 +12,29 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import optuna
 
-from infertune_tuner import __version__, defaults, slo
+from infertune_tuner import defaults
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
 from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.result import (
-    Best,
-    ConfigOut,
-    Excluded,
-    Metrics,
-    NearMiss,
-    Predicted,
-    Report,
-    SloCheck,
-    Trial,
-    TrialState,
-)
-from infertune_tuner.search.classify import Exclusion
+from infertune_tuner.result import Report, SloCheck
 from infertune_tuner.search.driver import Search, SearchOutcome, study_name
 from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.planner import Planner
-from infertune_tuner.search.records import current_trials, executed_trials, known_from
+from infertune_tuner.search.records import executed_trials
 from infertune_tuner.search.settings import SearchSettings
-from infertune_tuner.search.untried import untried_groups
 from infertune_tuner.space import SearchSpace, build_space
-from infertune_tuner.stop import INTERRUPTED, StopKind, StopReason
-from infertune_tuner.storage import ClaimLock, mask_url, open_storage
+from infertune_tuner.stop import INTERRUPTED
+from infertune_tuner.storage import ClaimLock, open_storage
+from infertune_tuner.study_folder import Identity, record_identity, refuse_another_study
+from infertune_tuner.study_report import build_report
 
 log = logging.getLogger(__name__)
 REPORTED = "reported_at"  # study attribute: the executed trials when the report was written
@@ -69,158 +55,6 @@ def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialC
     model, gpu, work = request.resolve_model(), request.resolve_gpu(), request.work
     # Keyed by the configuration searched; predicted as the server runs it (space.effective).
     return {c: predict(model, gpu, space.effective(c), work) for c in space.configs}
-
-
-def _metrics(m: Measurement) -> Metrics | None:
-    if m.status != "ok" or not all(m.percentiles(x.key) for x in LATENCY_METRICS):
-        return None
-    return Metrics(
-        **Metrics.latency_fields(m),
-        output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
-    )
-
-
-def _state(m: Measurement) -> TrialState:
-    states: dict[str, TrialState] = {"ok": "complete", "oom": "oom", "invalid": "invalid"}
-    return states.get(m.status, "failed")
-
-
-def _noise(runs: list[Measurement], request: TuningRequest) -> dict[str, float]:
-    """Relative spread (max - min) / mean between a configuration's repeats."""
-    ok = [m for m in runs if m.status == "ok"]
-    if len(ok) < 2:
-        return {}
-
-    def spread(xs: list[float]) -> float:
-        mean = sum(xs) / len(xs)
-        return round((max(xs) - min(xs)) / mean, 4) if mean else 0.0
-
-    out = {OBJECTIVE.label: spread([OBJECTIVE.of(m) or 0.0 for m in ok])}
-    for b in request.slo:
-        vals = [p.get(b.percentile) for m in ok if (p := m.percentiles(b.metric))]
-        if len(vals) == len(ok):
-            out[f"{latency_metric(b.metric).label} {b.percentile}"] = spread(vals)
-    return out
-
-
-def build_report(
-    request: TuningRequest,
-    space: SearchSpace,
-    priors: dict[TrialConfig, Prediction],
-    study: optuna.Study,
-    *,
-    backend: str,
-    stop: StopReason,
-    duration_s: float,
-    run: str | None = None,
-    planner: Planner | None = None,
-) -> Report:
-    planner = planner or Planner(request, space, priors, seed=request.tuning.seed or 0)
-    executed = current_trials(study, run)
-    known = known_from(request, study, run)
-    known.in_flight.clear()
-    trials: list[Trial] = []
-    resumed = 0  # trials an earlier run of the same study executed
-    for e in executed:
-        if run is not None and e.run != run:
-            resumed += 1
-        p = priors.get(e.config)
-        trials.append(
-            Trial(
-                number=e.number,
-                config=ConfigOut.of(e.config),
-                state=_state(e.measurement),
-                executed=True,
-                slo_ok=all(c.ok for c in e.checks) if e.checks else None,
-                metrics=_metrics(e.measurement),
-                predicted=Predicted.of(p) if p else None,
-                reason=e.measurement.reason,
-                slo_checks=e.checks,
-                duration_s=round(e.measurement.duration_s, 3) or None,
-                purpose=e.purpose,
-            )
-        )
-    assessment = planner.assess(known, include_in_flight=False)
-    number = max((t.number for t in trials), default=-1) + 1
-    for cfg in space.configs:
-        if cfg in known.measured:
-            continue
-        p = priors[cfg]
-        ruling = planner.ruling(cfg, known)
-        if ruling is None or ruling.exclusion == Exclusion.TWIN:
-            continue  # a candidate the search did not need, or covered: see the untried groups
-        trials.append(
-            Trial(
-                number=number,
-                config=ConfigOut.of(cfg),
-                state="infeasible_predicted",
-                executed=False,
-                predicted=Predicted.of(p),
-                reason=ruling.text(),
-            )
-        )
-        number += 1
-
-    best = None
-    top = known.best()
-    if top is not None:
-        metrics = _metrics(known.measured[top])
-        assert metrics is not None
-        last = max(e.number for e in executed if e.config == top)
-        best = Best(
-            config=ConfigOut.of(top),
-            metrics=metrics,
-            trial=last,
-            repeats=known.repeats(top),
-            noise=_noise(known.runs[top], request),
-        )
-    misses: list[NearMiss] = []
-    if best is None:
-        measured = [
-            (c, m) for c, m in known.measured.items() if _metrics(m) and known.checks.get(c)
-        ]
-        for cfg, m in sorted(
-            measured, key=lambda cm: max(slo.constraint_values(known.checks[cm[0]]))
-        )[:3]:
-            misses.append(
-                NearMiss(
-                    trial=max(e.number for e in executed if e.config == cfg),
-                    config=ConfigOut.of(cfg),
-                    output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
-                    violations=slo.describe_violations(known.checks[cfg]),
-                )
-            )
-    converged = stop.kind == StopKind.CONVERGED
-    uncovered = (
-        [g.structure.label() for g in planner.gaps(known, assessment)]
-        if top is not None and not converged and request.tuning.sampler == "auto"
-        else []
-    )
-    dumped = request.dump()
-    if request.tuning.storage:  # a report never shows the password of the study's database
-        dumped["tuning"]["storage"] = mask_url(request.tuning.storage)
-    return Report(
-        request=dumped,
-        backend=backend,
-        sampler=request.tuning.sampler,
-        space_size=len(space),
-        excluded=[Excluded(field=e.field, value=e.value, reason=e.reason) for e in space.excluded],
-        trials=trials,
-        best=best,
-        executed_trials=len(executed),
-        resumed_trials=resumed,
-        nearest_misses=misses,
-        stop=stop.kind,
-        stopped_reason=str(stop),
-        # A structure that could still hold the optimum was never measured (the budget or the
-        # clock ran out first): the posterior's number would rest on the model alone there.
-        confidence=None if uncovered else round(assessment.confidence, 4),
-        uncovered=uncovered,
-        untried=untried_groups(planner, known, assessment, converged=converged),
-        duration_s=round(duration_s, 3),
-        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        infertune_version=__version__,
-    )
 
 
 def tune(
@@ -296,15 +130,19 @@ def tune(
         # them. Parallel real tuning = several tuner pods (workers) on one shared RDB study.
         log.warning("triton backend: running 1 worker (parallelism %d needs one pod each)", workers)
         workers = 1
+    identity = Identity.of(request, backend_name)
     name = study_name(request, backend_name)
     lock = None if shared else lock_study(out_dir)  # one run per journal; RDB: workers join
     backends: list[BenchmarkBackend] = []
     try:
         storage = open_storage(request.tuning.storage, out_dir)
+        # One folder, one study: never start a second one where an earlier report lies.
+        refuse_another_study(out_dir, storage, identity, shared=shared)
         backends.extend(backend_factory(i) for i in range(workers))
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", load_if_exists=True
         )
+        record_identity(study, identity)
         deadline = (
             started + request.tuning.timeout_minutes * 60
             if request.tuning.timeout_minutes

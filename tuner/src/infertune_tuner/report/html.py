@@ -6,7 +6,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from infertune_tuner.metrics import LATENCY_METRICS
-from infertune_tuner.report.plot import pareto_svg
+from infertune_tuner.report.plot import pareto_svgs
 from infertune_tuner.report.view import build_view, error_pct
 from infertune_tuner.result import Report
 
@@ -22,7 +22,7 @@ _env.globals["latency_metrics"] = LATENCY_METRICS
 
 def render_html(report: Report) -> str:
     view = build_view(report)
-    svg = Markup(pareto_svg(view)) if view.points else None
+    svgs = [Markup(svg) for svg in pareto_svgs(view.plots)]
     return _env.get_template("report.html.j2").render(
-        report=report, view=view, request=view.request, svg=svg
+        report=report, view=view, request=view.request, svgs=svgs
     )

@@ -48,8 +48,9 @@ def render_markdown(report: Report) -> str:
     lines = [
         f"# Tuning report: {r.name}",
         "",
-        f"**{v.verdict}**",
+        f"**{v.headline.text}**",
         "",
+        *([f"Next: {v.headline.next_step}", ""] if v.headline.next_step else []),
         f"- Model `{r.model.name}` on `{r.gpu.product}` (at most {r.gpu.max_gpus_per_replica} GPUs "
         f"per replica), {r.workload.input_tokens} input / {r.workload.output_tokens} output tokens",
         "- SLO: "
@@ -64,14 +65,7 @@ def render_markdown(report: Report) -> str:
         f"- Prior: performance model with the `{report.prior_stack}` stack factors",
         *([f"- Trials by purpose: {v.plan}"] if v.plan else []),
         f"- Stopped: {report.stopped_reason}",
-        *(
-            [
-                f"- Confidence the optimum was found (nothing else beats the best by more than "
-                f"2 %): {report.confidence:.1%}"
-            ]
-            if report.confidence is not None and report.best
-            else []
-        ),
+        *([f"- {v.confidence}"] if v.confidence else []),
         *(
             [
                 f"- Confidence: not claimed: {', '.join(report.uncovered)} could still hold the "
@@ -105,9 +99,9 @@ def render_markdown(report: Report) -> str:
             "",
             f"Measured {report.best.repeats} times"
             + (
-                ": tok/s/GPU is the mean, each latency the worse repeat (what the SLO was "
-                "checked against); spread between repeats "
-                + ", ".join(f"{k} {v:.1%}" for k, v in report.best.noise.items())
+                ": tok/s/GPU is the mean, each latency percentile the geometric mean of the "
+                "repeats (the typical run, what the SLO was checked against); spread between "
+                "repeats " + ", ".join(f"{k} {v:.1%}" for k, v in report.best.noise.items())
                 if report.best.repeats > 1 and report.best.noise
                 else "."
             ),
@@ -126,13 +120,12 @@ def render_markdown(report: Report) -> str:
             "lower-precision quantization (raise maxAccuracyLossPercent), or a faster GPU.",
             "",
         ]
-    executed = [t for t in report.trials if t.executed]
-    skipped = [t for t in report.trials if not t.executed]
+    executed, skipped = v.rows, v.ruled_out
     lines += [
         "## Executed trials",
         "",
-        f"Latencies are p95 of the measured run; 'pred' is the performance model's prior. "
-        f"Binding bound: {v.binding.label()}.",
+        "Latencies are p95 of the measured run; 'pred' is the performance model's prior. "
+        f"SLO: {', '.join(b.label() for b in r.slo)}.",
         "",
         "| # | config | state | SLO | tok/s/GPU | pred | pred err | "
         + "".join(f"{x.label} p95 | " for x in LATENCY_METRICS)

@@ -1,64 +1,255 @@
-"""What both report formats show, computed once: the binding SLO bound, the Pareto front,
-predicted-vs-measured errors, a one-line verdict."""
+"""What every rendering of a report shows (Markdown, HTML, the CLI's last lines), computed once:
+the headline and its next step, the confidence and why it differs from the stop rule's number,
+the Pareto plots' points and fronts, the rows of the trial tables."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from infertune_tuner.metrics import latency_metric
 from infertune_tuner.request import SloBound, TuningRequest
-from infertune_tuner.result import Report, Trial
+from infertune_tuner.result import ConfigOut, MeasuredConfig, Metrics, Report, Trial
+from infertune_tuner.stop import StopKind
+
+
+class Outcome(StrEnum):
+    """What the run ended with, as the headline says it."""
+
+    FOUND = "found"  # a configuration meets every bound, and the search finished
+    FOUND_SO_FAR = "found-so-far"  # interrupted, with a best so far
+    INTERRUPTED = "interrupted"  # interrupted before any configuration met the SLO
+    ABORTED = "aborted"  # the first trials all failed: the set-up, not the configurations
+    NOT_FOUND = "not-found"  # the search ended and nothing measured meets the SLO
+
+
+@dataclass(frozen=True)
+class Headline:
+    outcome: Outcome
+    text: str
+    next_step: str | None  # what to do now (None: nothing needed)
+
+    @property
+    def tone(self) -> str:
+        """ok | warn | bad: the colour the HTML report gives it."""
+        return {Outcome.FOUND: "ok", Outcome.FOUND_SO_FAR: "warn", Outcome.INTERRUPTED: "warn"}.get(
+            self.outcome, "bad"
+        )
 
 
 @dataclass(frozen=True)
 class Point:
-    trial: Trial
+    """One measured configuration on a plot (its repeats combined into the typical run)."""
+
+    config: ConfigOut
+    label: str  # unique on the plot: the full configuration
     latency_ms: float
     tps: float
     slo_ok: bool
-    pareto: bool
+    chosen: bool
+
+
+@dataclass(frozen=True)
+class Plot:
+    """Throughput against one bounded latency percentile, with that bound's line."""
+
+    bound: SloBound
+    points: list[Point]
+    front: list[Point]  # SLO-meeting points no other SLO-meeting point dominates, by latency
+
+    @property
+    def axis_label(self) -> str:
+        return f"{latency_metric(self.bound.metric).label} {self.bound.percentile} (ms)"
 
 
 @dataclass(frozen=True)
 class View:
     report: Report
     request: TuningRequest
-    binding: SloBound
-    points: list[Point]
-    verdict: str
+    headline: Headline
+    plots: list[Plot]  # one per SLO bound
+    rows: list[Trial]  # the trials that ran (measured or interrupted), in trial order
+    ruled_out: list[Trial]  # configurations ruled out without GPU time
+    confidence: str | None  # the confidence line, with why it differs from the stop rule
     plan: str  # why the executed trials ran, e.g. "6 explore, 2 cover, 2 confirm"
 
     @property
-    def axis_label(self) -> str:
-        b = self.binding
-        return f"{latency_metric(b.metric).label} {b.percentile} (ms)"
+    def verdict(self) -> str:  # the headline's sentence (kept for callers of the old name)
+        return self.headline.text
 
 
-def binding_bound(report: Report, request: TuningRequest) -> SloBound:
-    """The SLO bound closest to being violated at the best config (else the tightest miss)."""
-    bounds = request.slo
-    ref = None
+def _config(c: ConfigOut) -> str:
+    return f"TP{c.tp}, max batch {c.max_batch_size}, {c.quantization}, KV {c.kv_cache_dtype}"
+
+
+def headline(report: Report) -> Headline:
+    """The one sentence a reader sees first, and the next step."""
+    n = report.executed_trials
+    trials = f"{n} trial{'s' * (n != 1)}"
+    resume = "Re-run the same command to resume the study where it stopped."
     if report.best is not None:
-        ref = report.best.metrics
-    elif report.nearest_misses:
-        t = next((t for t in report.trials if t.number == report.nearest_misses[0].trial), None)
-        ref = t.metrics if t else None
-    if ref is None:
-        return bounds[0]
-    return max(bounds, key=lambda b: ref.latency(b.metric, b.percentile) / b.max_ms)
-
-
-def pareto(points: list[tuple[float, float]]) -> list[bool]:
-    """Non-dominated points for (lower latency, higher throughput)."""
-    out = []
-    for i, (lat, tps) in enumerate(points):
-        dominated = any(
-            (l2 <= lat and t2 >= tps) and (l2 < lat or t2 > tps)
-            for j, (l2, t2) in enumerate(points)
-            if j != i
+        c, m = report.best.config, report.best.metrics
+        found = (
+            f"{_config(c)} -> {m.output_tokens_per_s_per_gpu:.0f} output tok/s/GPU, meeting "
+            "every SLO bound"
         )
-        out.append(not dominated)
+        if report.stop == StopKind.INTERRUPTED:
+            return Headline(
+                Outcome.FOUND_SO_FAR,
+                f"Interrupted (Ctrl-C) after {trials}, before the search finished. Best so far: "
+                f"{found}.",
+                resume,
+            )
+        more = (
+            "Not every TP size / quantization that could hold the optimum was measured: raise "
+            "maxTrials (or timeoutMinutes) and re-run the same command; the study resumes."
+            if report.uncovered
+            else None
+        )
+        return Headline(Outcome.FOUND, f"Best: {found}", more)
+    if report.stop == StopKind.INTERRUPTED:
+        return Headline(
+            Outcome.INTERRUPTED,
+            f"Interrupted (Ctrl-C) after {trials}, before any configuration met the SLO: no "
+            "verdict yet.",
+            resume,
+        )
+    if report.stop == StopKind.ABORTED:
+        failed = [t for t in report.trials if t.executed and t.state == "failed"]
+        reason = "; ".join((failed[-1].reason or "").split("\n")) if failed else ""
+        last = f" Last error: {reason}" if reason else ""
+        return Headline(
+            Outcome.ABORTED,
+            f"Aborted: the first {len(failed)} trials all failed, so the set-up is broken, not "
+            f"the configurations.{last}",
+            "Fix what the failed trials report (docs/troubleshooting.md), then re-run the same "
+            "command: the study resumes and retries them.",
+        )
+    return Headline(Outcome.NOT_FOUND, _not_found(report, trials), _not_found_next(report))
+
+
+def _not_found(report: Report, trials: str) -> str:
+    if report.stop == StopKind.RULED_OUT:
+        return "No configuration met the SLO: none of the search space fits in GPU memory."
+    if report.stop in (StopKind.BUDGET, StopKind.TIMEOUT):
+        why = "maxTrials" if report.stop == StopKind.BUDGET else "timeoutMinutes"
+        return (
+            f"No configuration met the SLO in the {trials} executed; the search stopped at "
+            f"{why}, before it could rule the rest out."
+        )
+    return f"No configuration met the SLO: {trials} executed, and nothing untried plausibly can."
+
+
+def _not_found_next(report: Report) -> str:
+    if report.stop == StopKind.RULED_OUT:
+        return (
+            "Allow more GPUs per replica (spec.gpu.maxGpusPerReplica), a lower-precision "
+            "quantization (raise maxAccuracyLossPercent), or a GPU with more memory."
+        )
+    misses = " (see the nearest misses)" if report.nearest_misses else ""
+    if report.stop in (StopKind.BUDGET, StopKind.TIMEOUT):
+        return (
+            "Raise maxTrials (or timeoutMinutes) and re-run the same command: the study "
+            f"resumes. Or relax the bound missed by the least{misses}."
+        )
+    return (
+        f"Relax the bound missed by the least{misses}, allow more GPUs per replica, a "
+        "lower-precision quantization (raise maxAccuracyLossPercent), or a faster GPU."
+    )
+
+
+def confidence_line(report: Report) -> str | None:
+    """The confidence, and in the same sentence why it is lower than 1 - P(an untried
+    configuration beats the best), the number the search stops on: near-ties among measured
+    configurations, which more trials of untried ones would not resolve."""
+    if report.best is None or report.confidence is None:
+        return None
+    line = (
+        f"Confidence the optimum was found: {report.confidence:.1%} (the posterior probability "
+        "that no configuration beats the chosen one by more than 2 %)"
+    )
+    why = confidence_gap(report)
+    if why is None:
+        return line + "."
+    return line + (
+        f". It is lower than the search's stop rule suggests because of near-ties, not untried "
+        f"configurations: an untried one beats the chosen one with "
+        f"{report.p_untried_beats or 0.0:.1%} probability (why the search stopped), while {why} "
+        "Either serves about as well; more trials of untried configurations would not raise "
+        "this number."
+    )
+
+
+def confidence_gap(report: Report, *, short: bool = False) -> str | None:
+    """Why the confidence is below 1 - P(an untried configuration beats the best): the
+    measured near-ties (None when the two numbers agree at the 0.1 % shown)."""
+    p, conf = report.p_untried_beats, report.confidence
+    if p is None or conf is None or (1 - p) - conf < 0.0005:
+        return None
+    if short:
+        names = ", ".join(t.config.label() for t in report.near_ties) or "some"
+        return (
+            f"lower than 1 - {p:.1%} because of near-ties: measured {names} within measurement "
+            "noise of the best"
+        )
+    if not report.near_ties:
+        return "several measured configurations lie within measurement noise of it."
+    ties = "; ".join(
+        f"{t.config.label()} ({t.output_tokens_per_s_per_gpu:.0f} tok/s/GPU, {t.p_beat:.1%} "
+        "chance it is more than 2 % faster)"
+        for t in report.near_ties
+    )
+    return f"these measured configurations lie within measurement noise of it: {ties}."
+
+
+def _points(report: Report, bound: SloBound) -> list[Point]:
+    chosen = report.best.config if report.best else None
+    measured = report.measured or _measured_from_trials(report)
+    return [
+        Point(
+            c.config,
+            c.config.label() + (f" \u00d7{len(c.trials)}" if len(c.trials) > 1 else ""),
+            c.metrics.latency(bound.metric, bound.percentile),
+            c.metrics.output_tokens_per_s_per_gpu,
+            bool(c.slo_ok),
+            c.config == chosen,
+        )
+        for c in measured
+        if c.metrics is not None
+    ]
+
+
+def _measured_from_trials(report: Report) -> list[MeasuredConfig]:
+    """A report written before `measured`: each configuration at its last measured run (the
+    best at the metrics it was chosen by)."""
+    last: dict[ConfigOut, Trial] = {}
+    for t in report.trials:
+        if t.executed and t.metrics is not None:
+            last[t.config] = t
+    out = []
+    for cfg, t in last.items():
+        best = report.best if report.best and report.best.config == cfg else None
+        metrics: Metrics | None = best.metrics if best else t.metrics
+        out.append(MeasuredConfig(config=cfg, trials=[t.number], state=t.state,
+                                  slo_ok=t.slo_ok, metrics=metrics))  # fmt: skip
     return out
+
+
+def pareto_front(points: list[Point]) -> list[Point]:
+    """SLO-meeting points that no other SLO-meeting point beats on both axes (lower latency,
+    higher throughput), by latency: a point that misses the SLO is no trade-off on offer."""
+    ok = [p for p in points if p.slo_ok]
+    front = [
+        p
+        for p in ok
+        if not any(
+            q.latency_ms <= p.latency_ms
+            and q.tps >= p.tps
+            and (q.latency_ms < p.latency_ms or q.tps > p.tps)
+            for q in ok
+        )
+    ]
+    return sorted(front, key=lambda p: (p.latency_ms, -p.tps))
 
 
 PURPOSES = {
@@ -80,27 +271,20 @@ def plan(report: Report) -> str:
 
 def build_view(report: Report) -> View:
     request = report.parsed_request()
-    b = binding_bound(report, request)
-    measured = [t for t in report.trials if t.executed and t.metrics]
-    coords = [
-        (t.metrics.latency(b.metric, b.percentile), t.metrics.output_tokens_per_s_per_gpu)
-        for t in measured
-        if t.metrics
-    ]
-    front = pareto(coords)
-    points = [
-        Point(t, lat, tps, bool(t.slo_ok), on)
-        for t, (lat, tps), on in zip(measured, coords, front, strict=True)
-    ]
-    if report.best is not None:
-        c, m = report.best.config, report.best.metrics
-        verdict = (
-            f"Best: TP{c.tp}, max batch {c.max_batch_size}, {c.quantization}, KV {c.kv_cache_dtype}"
-            f" -> {m.output_tokens_per_s_per_gpu:.0f} output tok/s/GPU, meeting every SLO bound"
-        )
-    else:
-        verdict = "No configuration met the SLO."
-    return View(report, request, b, points, verdict, plan(report))
+    plots = []
+    for bound in request.slo:
+        points = _points(report, bound)
+        plots.append(Plot(bound, points, pareto_front(points)))
+    return View(
+        report=report,
+        request=request,
+        headline=headline(report),
+        plots=plots if any(p.points for p in plots) else [],
+        rows=[t for t in report.trials if t.executed or t.state == "interrupted"],
+        ruled_out=[t for t in report.trials if t.state == "infeasible_predicted"],
+        confidence=confidence_line(report),
+        plan=plan(report),
+    )
 
 
 def error_pct(predicted: float | None, measured: float | None) -> str:

@@ -1,0 +1,298 @@
+"""The report of a study: what the study holds, turned into a `Report` (nothing is written).
+
+Every trial the study started has a row: the measured ones (complete, oom, failed, invalid),
+the one a Ctrl-C or a dead worker stopped before it measured anything (`interrupted`: trial
+numbers never jump), and the configurations the memory model rules out without GPU time. The
+confidence is split into its two parts: P(an untried configuration beats the best), the
+search's stop rule, and the measured near-ties, the rest of the doubt.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import optuna
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState as OptunaState
+
+from infertune_tuner import __version__, slo
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
+from infertune_tuner.perfmodel.latency import Prediction
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.result import (
+    Best,
+    ConfigOut,
+    Excluded,
+    MeasuredConfig,
+    Metrics,
+    NearMiss,
+    NearTie,
+    Predicted,
+    Report,
+    Trial,
+    TrialState,
+)
+from infertune_tuner.search.classify import Exclusion
+from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.planner import Assessment, Planner
+from infertune_tuner.search.records import (
+    ATTR_CONFIG,
+    ATTR_MEASUREMENT,
+    ATTR_PURPOSE,
+    ExecutedTrial,
+    current_trials,
+    known_from,
+)
+from infertune_tuner.search.samplers import config_of
+from infertune_tuner.search.untried import untried_groups
+from infertune_tuner.space import SearchSpace
+from infertune_tuner.stop import StopKind, StopReason
+from infertune_tuner.storage import mask_url
+
+# A measured configuration is named as a near-tie of the best when the posterior gives it at
+# least this chance of being more than 2 % faster (smaller chances round to nothing a reader
+# could act on); at most NEAR_TIES_SHOWN of them, the likeliest first.
+NEAR_TIE_MIN_P = 0.01
+NEAR_TIES_SHOWN = 3
+
+
+def trial_metrics(m: Measurement) -> Metrics | None:
+    """A measurement's metrics as the report shows them (None: it measured no latency)."""
+    if m.status != "ok" or not all(m.percentiles(x.key) for x in LATENCY_METRICS):
+        return None
+    return Metrics(
+        **Metrics.latency_fields(m),
+        output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
+    )
+
+
+def _state(m: Measurement) -> TrialState:
+    states: dict[str, TrialState] = {"ok": "complete", "oom": "oom", "invalid": "invalid"}
+    return states.get(m.status, "failed")
+
+
+def _noise(runs: list[Measurement], request: TuningRequest) -> dict[str, float]:
+    """Relative spread (max - min) / mean between a configuration's repeats."""
+    ok = [m for m in runs if m.status == "ok"]
+    if len(ok) < 2:
+        return {}
+
+    def spread(xs: list[float]) -> float:
+        mean = sum(xs) / len(xs)
+        return round((max(xs) - min(xs)) / mean, 4) if mean else 0.0
+
+    out = {OBJECTIVE.label: spread([OBJECTIVE.of(m) or 0.0 for m in ok])}
+    for b in request.slo:
+        vals = [p.get(b.percentile) for m in ok if (p := m.percentiles(b.metric))]
+        if len(vals) == len(ok):
+            out[f"{latency_metric(b.metric).label} {b.percentile}"] = spread(vals)
+    return out
+
+
+def interrupted_trials(
+    study: optuna.Study, priors: dict[TrialConfig, Prediction], measured: list[Trial]
+) -> list[Trial]:
+    """Trials that claimed a configuration and ended without a measurement: Ctrl-C stopped
+    them, or their worker died (a later run, or another worker, re-runs the configuration)."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(OptunaState.FAIL,)):
+        if ATTR_CONFIG not in t.user_attrs or ATTR_MEASUREMENT in t.user_attrs:
+            continue
+        cfg = config_of(t.user_attrs[ATTR_CONFIG])
+        again = next(
+            (m.number for m in measured if m.number > t.number and m.config.to_config() == cfg),
+            None,
+        )
+        retried = (
+            f"measured again as trial {again}"
+            if again is not None
+            else "its configuration counts as untried"
+        )
+        p = priors.get(cfg)
+        out.append(
+            Trial(
+                number=t.number,
+                config=ConfigOut.of(cfg),
+                state="interrupted",
+                executed=False,
+                predicted=Predicted.of(p) if p else None,
+                reason=f"interrupted{_after(t)} before it measured anything; {retried}",
+                duration_s=_duration(t),
+                purpose=t.user_attrs.get(ATTR_PURPOSE),
+            )
+        )
+    return out
+
+
+def _duration(t: FrozenTrial) -> float | None:
+    if t.datetime_start is None or t.datetime_complete is None:
+        return None
+    return round((t.datetime_complete - t.datetime_start).total_seconds(), 3)
+
+
+def _after(t: FrozenTrial) -> str:
+    seconds = _duration(t)
+    return f" after {seconds:.0f} s" if seconds is not None else ""
+
+
+def measured_configs(known: Known, executed: list[ExecutedTrial]) -> list[MeasuredConfig]:
+    """Every measured configuration once, at its typical run, in the order first measured."""
+    out = []
+    for cfg, m in known.measured.items():
+        checks = known.checks.get(cfg) or []
+        out.append(
+            MeasuredConfig(
+                config=ConfigOut.of(cfg),
+                trials=[e.number for e in executed if e.config == cfg],
+                state=_state(m),
+                slo_ok=all(c.ok for c in checks) if m.status == "ok" and checks else None,
+                metrics=trial_metrics(m),
+                concurrency=m.concurrency,
+            )
+        )
+    return sorted(out, key=lambda c: c.trials[0] if c.trials else -1)
+
+
+def near_ties(known: Known, a: Assessment) -> list[NearTie]:
+    """Measured SLO-meeting configurations with a real chance to beat the best by > 2 %."""
+    ties = []
+    for cfg, m in known.feasible().items():
+        i = a.of(cfg)
+        if cfg == a.best or i is None or float(a.p_beat[i]) < NEAR_TIE_MIN_P:
+            continue
+        ties.append(
+            NearTie(
+                config=ConfigOut.of(cfg),
+                output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
+                p_beat=round(float(a.p_beat[i]), 4),
+            )
+        )
+    ties.sort(key=lambda t: -t.p_beat)
+    return ties[:NEAR_TIES_SHOWN]
+
+
+def build_report(
+    request: TuningRequest,
+    space: SearchSpace,
+    priors: dict[TrialConfig, Prediction],
+    study: optuna.Study,
+    *,
+    backend: str,
+    stop: StopReason,
+    duration_s: float,
+    run: str | None = None,
+    planner: Planner | None = None,
+) -> Report:
+    planner = planner or Planner(request, space, priors, seed=request.tuning.seed or 0)
+    executed = current_trials(study, run)
+    known = known_from(request, study, run)
+    known.in_flight.clear()
+    trials: list[Trial] = []
+    resumed = 0  # trials an earlier run of the same study executed
+    for e in executed:
+        if run is not None and e.run != run:
+            resumed += 1
+        p = priors.get(e.config)
+        trials.append(
+            Trial(
+                number=e.number,
+                config=ConfigOut.of(e.config),
+                state=_state(e.measurement),
+                executed=True,
+                slo_ok=all(c.ok for c in e.checks) if e.checks else None,
+                metrics=trial_metrics(e.measurement),
+                predicted=Predicted.of(p) if p else None,
+                reason=e.measurement.reason,
+                slo_checks=e.checks,
+                duration_s=round(e.measurement.duration_s, 3) or None,
+                purpose=e.purpose,
+            )
+        )
+    trials = sorted(trials + interrupted_trials(study, priors, trials), key=lambda t: t.number)
+    assessment = planner.assess(known, include_in_flight=False)
+    number = max((t.number for t in trials), default=-1) + 1
+    for cfg in space.configs:
+        if cfg in known.measured:
+            continue
+        p = priors[cfg]
+        ruling = planner.ruling(cfg, known)
+        if ruling is None or ruling.exclusion == Exclusion.TWIN:
+            continue  # a candidate the search did not need, or covered: see the untried groups
+        trials.append(
+            Trial(
+                number=number,
+                config=ConfigOut.of(cfg),
+                state="infeasible_predicted",
+                executed=False,
+                predicted=Predicted.of(p),
+                reason=ruling.text(),
+            )
+        )
+        number += 1
+
+    best = None
+    top = known.best()
+    if top is not None:
+        metrics = trial_metrics(known.measured[top])
+        assert metrics is not None
+        last = max(e.number for e in executed if e.config == top)
+        best = Best(
+            config=ConfigOut.of(top),
+            metrics=metrics,
+            trial=last,
+            repeats=known.repeats(top),
+            noise=_noise(known.runs[top], request),
+        )
+    misses: list[NearMiss] = []
+    if best is None:
+        measured = [
+            (c, m) for c, m in known.measured.items() if trial_metrics(m) and known.checks.get(c)
+        ]
+        for cfg, m in sorted(
+            measured, key=lambda cm: max(slo.constraint_values(known.checks[cm[0]]))
+        )[:3]:
+            misses.append(
+                NearMiss(
+                    trial=max(e.number for e in executed if e.config == cfg),
+                    config=ConfigOut.of(cfg),
+                    output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
+                    violations=slo.describe_violations(known.checks[cfg]),
+                )
+            )
+    converged = stop.kind == StopKind.CONVERGED
+    uncovered = (
+        [g.structure.label() for g in planner.gaps(known, assessment)]
+        if top is not None and not converged and request.tuning.sampler == "auto"
+        else []
+    )
+    claimed = top is not None and not uncovered
+    dumped = request.dump()
+    if request.tuning.storage:  # a report never shows the password of the study's database
+        dumped["tuning"]["storage"] = mask_url(request.tuning.storage)
+    return Report(
+        request=dumped,
+        backend=backend,
+        sampler=request.tuning.sampler,
+        space_size=len(space),
+        excluded=[Excluded(field=e.field, value=e.value, reason=e.reason) for e in space.excluded],
+        trials=trials,
+        measured=measured_configs(known, executed),
+        best=best,
+        executed_trials=len(executed),
+        resumed_trials=resumed,
+        nearest_misses=misses,
+        stop=stop.kind,
+        stopped_reason=str(stop),
+        # A structure that could still hold the optimum was never measured (the budget or the
+        # clock ran out first): the posterior's number would rest on the model alone there.
+        confidence=None if uncovered else round(assessment.confidence, 4),
+        p_untried_beats=round(assessment.p_untried, 4) if claimed else None,
+        near_ties=near_ties(known, assessment) if claimed else [],
+        uncovered=uncovered,
+        untried=untried_groups(planner, known, assessment, converged=converged),
+        duration_s=round(duration_s, 3),
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        infertune_version=__version__,
+    )
