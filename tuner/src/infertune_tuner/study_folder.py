@@ -19,6 +19,7 @@ the folder's report.json, or not at all.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,8 +182,9 @@ def _suggest(out_dir: Path, diffs: list[Difference]) -> Path:
     tag = "2"
     if diffs and "--seed" in diffs[0].field:
         tag = f"seed{diffs[0].now}"
-    elif diffs and "--backend" in diffs[0].field:
-        tag = diffs[0].now.split(":")[0]
+    elif diffs and "--backend" in diffs[0].field:  # replay:/a/table.csv -> replay
+        now = diffs[0].now
+        tag = "replay" if now.startswith("replay:") else re.sub(r"[^A-Za-z0-9]+", "-", now)
     candidate, n = out_dir.with_name(f"{out_dir.name}-{tag}"), 2
     while candidate.exists():
         n += 1
