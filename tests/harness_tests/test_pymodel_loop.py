@@ -109,3 +109,36 @@ def test_a_request_whose_answer_cannot_be_sent_still_gets_an_error() -> None:
     serving.stop()
     assert set(client.errors) == {0, 1, 2}
     assert all("incompatible constructor" in m for m in client.errors.values())
+
+
+def test_the_model_reads_its_stream_interval_and_behaviour_and_refuses_unknown_ones(
+    tmp_path: Any, trial_request: Any
+) -> None:
+    import json
+
+    import pytest
+    import yaml
+
+    from infertune_tuner.pymodel.spec import read
+    from infertune_tuner.runtime.local_triton import LocalTritonRuntime
+
+    files = LocalTritonRuntime().model_files(trial_request(), TrialConfig(1, 4, "fp8", "auto"))
+    version = tmp_path / "1"
+    version.mkdir()
+    llm = yaml.safe_load(files["llm/1/model.yaml"])
+    body = json.loads(files["llm/1/body.json"])
+    (version / "model.yaml").write_text(yaml.safe_dump(llm))
+    (version / "body.json").write_text(json.dumps(body))
+    served = read(version)  # as rendered for TensorRT-LLM: one response per token, flagged
+    assert (served.stream_interval, served.spec.stop_signal, served.spec.stop_after) == (
+        1, "flagged", None,
+    )  # fmt: skip
+    (version / "model.yaml").write_text(yaml.safe_dump({**llm, "stream_interval": 4}))
+    (version / "body.json").write_text(json.dumps({**body, "stop_after": 2, "text_mode": "delta"}))
+    served = read(version)
+    assert (served.stream_interval, served.spec.stop_after, served.spec.text_mode) == (
+        4, 2, "delta",
+    )  # fmt: skip
+    (version / "body.json").write_text(json.dumps({**body, "stop_signal": "sometimes"}))
+    with pytest.raises(ValueError, match="stop_signal must be one of flagged, empty, none"):
+        read(version)

@@ -123,7 +123,12 @@ class ServingLoop:
 
 class SimulatedBody:
     """A step lasts what the performance model says (the engine's `modelled_seconds`), kept on a
-    running deadline so that sleeping late once does not slow every later step."""
+    running deadline so that sleeping late once does not slow every later step. A step that
+    follows an idle engine (every sequence in it was admitted in it) starts its clock when it
+    starts, as a real engine's would: catching up would shorten the TTFT of a request that
+    arrives soon after the previous batch drained by however late it came (the same modelled
+    server would then answer a slower client faster), and the engine's own virtual-time run
+    (`engine.modelled_steady_state`) idles until the next arrival too."""
 
     RESYNC_S = 0.05  # a step that starts this late restarts the clock instead of catching up
 
@@ -132,7 +137,7 @@ class SimulatedBody:
 
     def step(self, engine: Engine, admitted: list[Sequence]) -> None:
         now = time.monotonic()
-        if now - self._due > self.RESYNC_S:
+        if now - self._due > self.RESYNC_S or len(admitted) == len(engine.active):
             self._due = now
         self._due += engine.modelled_seconds(admitted)
         delay = self._due - time.monotonic()

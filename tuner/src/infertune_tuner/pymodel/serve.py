@@ -1,23 +1,22 @@
-"""Build the serving loop a version folder describes (model.py's `initialize`, testable alone)."""
+"""Build the serving loop a version folder's files describe (model.py's `initialize`, testable
+alone)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.harness.engine import Engine, oom_message
 from infertune_tuner.perfmodel.latency import StepModel
 from infertune_tuner.pymodel.loop import Body, OnError, OnToken, ServingLoop, SimulatedBody
-from infertune_tuner.pymodel.spec import read
+from infertune_tuner.pymodel.spec import Served
 
 
-def build_loop(version_dir: Path, on_token: OnToken, on_error: OnError) -> ServingLoop:
-    """The engine + body for the repository's model.yaml and body.json (not started).
+def build_loop(served: Served, on_token: OnToken, on_error: OnError) -> ServingLoop:
+    """The engine + body for the repository's model.yaml and body.json (`spec.read`; not
+    started).
 
     Both bodies schedule with the same engine (admission by max batch, KV pages and the step's
     token budget); the simulated one also takes its step times from it, the PyTorch one runs
     the step and its KV cache sets the capacity."""
-    served = read(version_dir)
     arch, config = served.spec.model_arch(), served.config
     gpu = get_gpu(served.spec.gpu)
     engine = Engine.for_config(arch, gpu, config, served.spec.time_scale)
