@@ -137,7 +137,7 @@ def test_a_config_the_real_server_cannot_serve_fails_the_trial(tmp_path: Path) -
     m = backend(tmp_path / "a", RenamedOutput()).run(TrialConfig(1, 4, "bf16", "auto"))
     assert m.status == "error" and "without output" in str(m.reason)
     m = backend(tmp_path / "b", WrongInputType()).run(TrialConfig(1, 4, "bf16", "auto"))
-    assert m.status == "error" and "expected INT32" in str(m.reason)
+    assert m.status == "error" and "declares input 'text_input' as INT32" in str(m.reason)
 
 
 def test_metrics_port_serves_tritons_own_counters(tmp_path: Path) -> None:

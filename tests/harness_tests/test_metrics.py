@@ -7,7 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from infertune_tuner.harness.stats import RequestTrace, compute, percentile, summarize
+from infertune_tuner.harness.stats import StreamFacts, compute, percentile, summarize
+from infertune_tuner.harness.stream import RunState
+from infertune_tuner.harness.tokens import TokenSource
+from infertune_tuner.harness.trace import RequestTrace
 
 
 def approx(x: float) -> object:
@@ -164,3 +167,60 @@ def test_json_shape() -> None:
     for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
         assert set(j[metric]) >= {"p50", "p95", "p99"}
     assert j["settings"] == {"concurrency": 1}
+
+
+def test_throughput_divides_by_the_duration_of_completed_requests_only() -> None:
+    """AIPerf's benchmark duration (aiperf/metrics/types/benchmark_duration_metric.py): first
+    request to last response of the records without an error; failed requests are counted
+    apart and widen nothing."""
+    done = [
+        RequestTrace(send_s=1.0, responses=(1.1, 1.2, 1.3)),
+        RequestTrace(send_s=1.5, responses=(1.6, 1.7, 2.0)),
+    ]
+    early_failure = RequestTrace(send_s=0.0, error="boom", end_s=0.5)
+    late_timeout = RequestTrace(send_s=1.9, responses=(2.2,), error="timeout", end_s=9.0)
+    r = compute([early_failure, *done, late_timeout])
+    assert (r.requests, r.errors) == (2, 2)
+    assert r.duration_s == approx(1.0)  # 1.0 -> 2.0, not 0.0 -> 9.0
+    assert r.output_tokens == 6 and r.output_tokens_per_s == approx(6.0)
+
+
+def test_a_stalled_request_is_short_invalid_and_counted_apart() -> None:
+    ok = RequestTrace(send_s=0.0, responses=(0.1, 0.2, 0.3, 0.4))
+    stalled = RequestTrace(send_s=0.0, responses=(0.1, 0.2), stalled=True, end_s=5.0)
+    r = compute([ok, stalled], {"output_tokens": 4}, StreamFacts(stall_bound_s=1.25))
+    assert (r.requests, r.errors, r.stalled, r.sent) == (1, 0, 1, 2)
+    assert r.stalled_tokens == (2, 2)
+    assert r.output_tokens == 4 and r.duration_s == approx(0.4)  # no sample, no window
+    note = r.stall_note()
+    assert note is not None
+    assert "1 of 2 requests stalled" in note and "over 1250 ms after 2 of 4 tokens" in note
+    j = r.to_json()
+    assert (j["stalled"], j["stall_bound_ms"]) == (1, approx(1250.0))
+    assert compute([ok]).stall_note() is None
+
+
+def test_the_run_says_when_it_counted_one_token_per_response() -> None:
+    t = [RequestTrace(send_s=0.0, responses=(0.1, 0.2))]
+    assumed = compute(t, None, StreamFacts(token_source=TokenSource.RESPONSES))
+    assert assumed.to_json()["one_token_per_response_assumed"] is True
+    assert "counted as one per response" in (assumed.token_note() or "")
+    counted = compute(t, None, StreamFacts(token_source=TokenSource.NUM_OUTPUT_TOKENS))
+    assert counted.token_note() is None
+    assert counted.to_json()["token_source"] == "num_output_tokens"
+    missing = StreamFacts(token_source=TokenSource.OUTPUT_IDS, tokens_assumed=3)
+    note = compute(t, None, missing).token_note()
+    assert note is not None and "3 responses lacked the declared output_ids" in note
+
+
+def test_the_stall_bound_follows_the_runs_pace_above_a_floor() -> None:
+    run = RunState(stall_gaps=4, stall_ttfts=2, stall_floor_s=1.0)
+    assert run.stall_bound() == 1.0  # nothing seen yet: the floor
+    run.first_token(0.3)
+    run.gap(0.2)
+    assert run.stall_bound() == approx(1.0)  # 4 x 0.2 and 2 x 0.3 are under the floor
+    run.gap(0.5)
+    assert run.stall_bound() == approx(2.0)  # 4 x the longest gap
+    for ttft in (1.5, 1.6):
+        run.first_token(ttft)
+    assert run.stall_bound() == approx(3.0)  # 2 x the median TTFT (1.5)

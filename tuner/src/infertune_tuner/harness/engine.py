@@ -30,7 +30,8 @@ from typing import Any
 from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
-from infertune_tuner.harness.stats import BenchResult, RequestTrace, compute
+from infertune_tuner.harness.stats import BenchResult, compute
+from infertune_tuner.harness.trace import RequestTrace
 from infertune_tuner.perfmodel.latency import StepModel
 from infertune_tuner.perfmodel.memory import (
     DEFAULT_MAX_NUM_TOKENS,

@@ -10,6 +10,11 @@ from infertune_tuner.errors import InputError
 
 clock = time.monotonic  # CLOCK_MONOTONIC on Linux: the simulated server's clock too
 
+# The stall bound's defaults, and why: stream.py.
+STALL_GAPS = 4.0
+STALL_TTFTS = 2.0
+STALL_FLOOR_S = 1.0
+
 
 @dataclass(frozen=True)
 class LoadSpec:
@@ -25,6 +30,12 @@ class LoadSpec:
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     deadline_s: float | None = None  # the whole run, warm-up included
+    # A request that has streamed tokens stalls when silent for `stall_gaps` times the longest
+    # gap between responses, and `stall_ttfts` times the median TTFT, seen in the run, and never
+    # less than the floor (stream.py).
+    stall_gaps: float = STALL_GAPS
+    stall_ttfts: float = STALL_TTFTS
+    stall_floor_s: float = STALL_FLOOR_S
 
     def validate(self) -> None:
         if self.requests < 1:
@@ -41,6 +52,8 @@ class LoadSpec:
             raise InputError("request rate must be positive")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise InputError("the deadline must be positive")
+        if min(self.stall_gaps, self.stall_ttfts, self.stall_floor_s) <= 0:
+            raise InputError("the stall bound must be positive")
 
     def settings(self) -> dict[str, Any]:
         return {

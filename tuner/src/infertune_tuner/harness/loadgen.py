@@ -1,4 +1,6 @@
-"""Load generator on `tritonclient.grpc.aio` bi-directional streaming (decoupled responses).
+"""Load generator on Triton's bi-directional gRPC streaming (decoupled responses): KServe v2
+`ModelStreamInfer` with the protobuf stubs tritonclient ships (protocol.py); tritonclient's aio
+client checks liveness and reads the model's metadata.
 
 Modes:
 
@@ -10,9 +12,10 @@ Modes:
 
 Warm-up requests run first, as a separate phase at the same concurrency, and are left out of
 every statistic. A closed-loop worker keeps one stream open and sends its requests on it one at a
-time (a request-rate request gets a stream of its own); a request ends with the response flagged
-`triton_final_response` (or, from a server that never flags it, the requested number of tokens);
-every response that carries output counts as one token.
+time (a request-rate request gets a stream of its own, closed only after its final response); a
+request ends with the response flagged `triton_final_response` (every request opts in to
+Triton's empty final response), with the requested number of tokens, or, when its stream goes
+silent after some tokens, as a short stalled request (stream.py).
 
 Inputs are negotiated from the model's metadata, because Triton rejects inputs a model does not
 declare: synthetic prompts go out as a `text_input` string of `input_tokens` words (one token
@@ -22,10 +25,11 @@ or `request_output_len` (engine model) exists; `streaming`/`stream` is set to tr
 `sampling_param_exclude_input_from_output` too. A model whose metadata cannot be read (unknown
 name) gets `text_input` + `max_tokens`, and its requests fail and are counted as errors.
 
-Output tokens are counted as responses carrying output, one per engine iteration (the LLM-API
-model streams each iteration's RequestOutput, `stream_interval: 1`). The text is never tokenized:
-the LLM-API model's `text_output` is cumulative (model.py sends `output.text`), so tokenizing each
-response, as GenAI-Perf does for delta streams, would count the whole text again every time.
+Output tokens are counted from what each response says (tokens.py: `num_output_tokens` or
+`output_ids` where the model declares them, else one per response carrying output, and the
+result says so). The text is never tokenized: the LLM-API model's `text_output` is cumulative
+(model.py sends `output.text`), so tokenizing each response, as GenAI-Perf does for delta
+streams, would count the whole text again every time.
 
 Errors are counted and sampled, never dropped; a request that errors is not completed. An
 unreachable server raises `ServerUnreachable` before any request is sent. A frozen server costs
@@ -44,14 +48,17 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
+import grpc
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.load_spec import LoadSpec, clock
 from infertune_tuner.harness.prompts import RequestTemplate
-from infertune_tuner.harness.stats import BenchResult, RequestTrace, compute
+from infertune_tuner.harness.protocol import open_channel
+from infertune_tuner.harness.stats import BenchResult, StreamFacts, compute
 from infertune_tuner.harness.stream import RunState, Worker, message, one_request
+from infertune_tuner.harness.trace import RequestTrace
 
 __all__ = ["LoadSpec", "ServerUnreachable", "negotiate", "one_request", "run_load"]
 
@@ -76,8 +83,8 @@ async def _closed_loop(
     next_index = first
     end = first + count
 
-    def build(i: int) -> list[Any]:
-        return template.build(i, spec.seed, spec.input_tokens, spec.output_tokens)
+    def build(i: int) -> Any:
+        return template.build(i, spec.seed, spec.input_tokens, spec.output_tokens, spec.model)
 
     async def work(worker: Worker) -> None:
         nonlocal next_index
@@ -86,7 +93,7 @@ async def _closed_loop(
         i, next_index = next_index, next_index + 1
         inputs = build(i)
         while True:
-            pending = asyncio.ensure_future(worker.send(i, inputs))
+            pending = asyncio.ensure_future(worker.send(inputs))
             # Build the next request while this one is in flight, off the critical path.
             nxt = None
             if next_index < end:
@@ -103,7 +110,7 @@ async def _closed_loop(
 
 
 async def _request_rate(
-    client: InferenceServerClient,
+    channel: grpc.aio.Channel,
     spec: LoadSpec,
     template: RequestTemplate,
     first: int,
@@ -119,9 +126,9 @@ async def _request_rate(
 
     async def send(i: int) -> RequestTrace:
         if cap is None:
-            return await one_request(client, spec, template, i, run)
+            return await one_request(channel, spec, template, i, run)
         async with cap:
-            return await one_request(client, spec, template, i, run)
+            return await one_request(channel, spec, template, i, run)
 
     for i in range(first, first + count):
         if run.stopped or (run.deadline is not None and clock() >= run.deadline):
@@ -162,31 +169,18 @@ async def run_load(
     spec.validate()
     hook = on_phase or (lambda _: None)
     cpu0, wall0 = time.process_time(), clock()
-    run = RunState(deadline=wall0 + spec.deadline_s if spec.deadline_s is not None else None)
+    run = RunState(
+        deadline=wall0 + spec.deadline_s if spec.deadline_s is not None else None,
+        stall_gaps=spec.stall_gaps, stall_ttfts=spec.stall_ttfts, stall_floor_s=spec.stall_floor_s,
+    )  # fmt: skip
     async with InferenceServerClient(spec.url) as client:
         await check_live(client, spec)
         template = await negotiate(client, spec.model)
-        if spec.request_rate is not None:
-            if spec.warmup:
-                hook("warm-up")
-                await _request_rate(client, spec, template, 0, spec.warmup, run)
-            hook("measuring")
-            traces = await _request_rate(client, spec, template, spec.warmup, spec.requests, run)
-        else:
-            # The workers and their streams live across warm-up and measurement, so opening
-            # streams is never part of a measured request.
-            workers = [Worker(client, spec, run) for _ in range(spec.concurrency or 1)]
-            for w in workers:
-                w.open()
-            try:
-                if spec.warmup:
-                    hook("warm-up")
-                    await _closed_loop(workers, spec, template, 0, spec.warmup)
-                hook("measuring")
-                traces = await _closed_loop(workers, spec, template, spec.warmup, spec.requests)
-            finally:
-                for w in workers:
-                    w.close()
+    channel = open_channel(spec.url)
+    try:
+        traces = await _drive(channel, spec, template, run, hook)
+    finally:
+        await channel.close()
     settings = spec.settings()
     cpu = time.process_time() - cpu0  # the whole process's: a trial's generator has its own
     settings["client_cpu_s"] = cpu
@@ -202,7 +196,39 @@ async def run_load(
         settings["metadata_error"] = template.metadata_error
     if run.stopped:
         settings["stopped"] = run.stopped
-    return compute(traces, settings)
+    facts = StreamFacts(
+        token_source=template.token_source, tokens_assumed=run.tokens_assumed,
+        streams_cancelled=run.streams_cancelled, stall_bound_s=run.stall_bound(),
+    )  # fmt: skip
+    return compute(traces, settings, facts)
+
+
+async def _drive(
+    channel: grpc.aio.Channel, spec: LoadSpec, template: RequestTemplate, run: RunState,
+    hook: Callable[[Literal["warm-up", "measuring"]], None],
+) -> list[RequestTrace]:  # fmt: skip
+    """Warm-up, then the measured requests (their traces)."""
+    if spec.request_rate is not None:
+        if spec.warmup:
+            hook("warm-up")
+            await _request_rate(channel, spec, template, 0, spec.warmup, run)
+        hook("measuring")
+        return await _request_rate(channel, spec, template, spec.warmup, spec.requests, run)
+    # The workers and their streams live across warm-up and measurement, so opening streams is
+    # never part of a measured request.
+    workers = [
+        Worker(channel, spec, run, template.token_source) for _ in range(spec.concurrency or 1)
+    ]
+    for w in workers:
+        w.open()
+    try:
+        if spec.warmup:
+            hook("warm-up")
+            await _closed_loop(workers, spec, template, 0, spec.warmup)
+        hook("measuring")
+        return await _closed_loop(workers, spec, template, spec.warmup, spec.requests)
+    finally:
+        await asyncio.gather(*(w.close() for w in workers))
 
 
 def run_load_sync(spec: LoadSpec) -> BenchResult:

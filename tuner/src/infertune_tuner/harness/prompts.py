@@ -4,8 +4,13 @@ Triton rejects inputs a model does not declare, so the inputs come from its meta
 `text_input` string of `input_tokens` words (one token each, near enough) and, where declared,
 `input_ids` INT32 token ids; the output length pinned through whichever of
 `sampling_param_max_tokens` (LLM-API model), `max_tokens` (ensemble) or `request_output_len`
-(engine model) exists; `streaming`/`stream` and `sampling_param_exclude_input_from_output` set
-to true. A model whose metadata cannot be read gets `text_input` + `max_tokens`.
+(engine model) exists; `streaming`/`stream`, `sampling_param_exclude_input_from_output` and
+`exclude_input_in_output` set to true; `return_num_output_tokens` set to true where the model
+also declares the `num_output_tokens` output (tokens.py). A model whose metadata cannot be read
+gets `text_input` + `max_tokens`.
+
+Requests are KServe v2 `ModelInferRequest` protobufs (protocol.py), each opting in to Triton's
+empty final response.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import InferInput
+from tritonclient.utils import serialize_byte_tensor
 
 from infertune_tuner.errors import InputError
+from infertune_tuner.harness.protocol import EMPTY_FINAL, ModelInferRequest
+from infertune_tuner.harness.tokens import REQUEST_COUNT_INPUT, TokenSource
 
 # fmt: off
 WORDS = (
@@ -36,7 +43,17 @@ WORDS = (
 
 MAX_TOKEN_INPUTS = ("sampling_param_max_tokens", "max_tokens", "request_output_len")
 STREAMING_INPUTS = ("streaming", "stream")
+# Boolean inputs that are set to true wherever a model declares them.
+TRUE_INPUTS = (
+    *STREAMING_INPUTS, "sampling_param_exclude_input_from_output", "exclude_input_in_output",
+    REQUEST_COUNT_INPUT,
+)  # fmt: skip
 PER_REQUEST_INPUTS = frozenset({"text_input", "input_ids"})
+# The KServe v2 data type each input is sent as; a model that declares another cannot be driven.
+SENT_AS = {
+    "text_input": "BYTES", "input_ids": "INT32", "input_lengths": "INT32",
+    **{name: "INT32" for name in MAX_TOKEN_INPUTS}, **{name: "BOOL" for name in TRUE_INPUTS},
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,9 +70,10 @@ class RequestTemplate:
     inputs: list[_Input]
     batched: bool = False
     metadata_error: str | None = None
+    token_source: TokenSource = TokenSource.RESPONSES
     _words: list[str] = field(default_factory=lambda: list(WORDS))
     _cache: dict[tuple[int, int], _Prompts] = field(default_factory=dict)
-    _shared: dict[tuple[str, int, int], Any] = field(default_factory=dict)
+    _shared: dict[tuple[str, int, int], tuple[Any, bytes]] = field(default_factory=dict)
 
     @classmethod
     def fallback(cls, error: str | None = None) -> RequestTemplate:
@@ -72,6 +90,11 @@ class RequestTemplate:
 
         def add(name: str) -> None:
             t = declared[name]
+            if t.datatype != SENT_AS[name]:
+                raise InputError(
+                    f"model {metadata.name!r} declares input {name!r} as {t.datatype}; the load "
+                    f"generator sends it as {SENT_AS[name]}"
+                )
             shape = tuple(int(d) for d in t.shape)
             if batched and shape:
                 shape = shape[1:]  # metadata shows the batch dimension; we add it back as 1
@@ -80,46 +103,61 @@ class RequestTemplate:
         for name in ("text_input", "input_ids", "input_lengths"):
             if name in declared:
                 add(name)
-        for group in (MAX_TOKEN_INPUTS, STREAMING_INPUTS):
-            for name in group:
-                if name in declared:
-                    add(name)
-        if "sampling_param_exclude_input_from_output" in declared:
-            add("sampling_param_exclude_input_from_output")
+        source = TokenSource.negotiate(set(declared), {t.name for t in metadata.outputs})
+        for name in (*MAX_TOKEN_INPUTS, *TRUE_INPUTS):
+            if name == REQUEST_COUNT_INPUT and source is not TokenSource.NUM_OUTPUT_TOKENS:
+                continue
+            if name in declared:
+                add(name)
         if not any(i.name in ("text_input", "input_ids") for i in wanted):
             raise InputError(
                 f"model {metadata.name!r} declares neither text_input nor input_ids; its inputs: "
                 + ", ".join(sorted(declared))
             )
-        return cls(wanted, batched=batched)
+        return cls(wanted, batched=batched, token_source=source)
 
-    def build(self, index: int, seed: int, input_tokens: int, output_tokens: int) -> list[Any]:
-        """The inputs of request `index`: a prompt no other request shares a prefix with (so
-        prefix caching cannot shorten its prefill), cheap enough to build on the hot path."""
+    def build(
+        self, index: int, seed: int, input_tokens: int, output_tokens: int, model: str
+    ) -> Any:
+        """The `ModelInferRequest` of request `index` (request id = its index): a prompt no
+        other request shares a prefix with (so prefix caching cannot shorten its prefill),
+        cheap enough to build on the hot path; opted in to Triton's empty final response."""
         prompt = self._prompts(seed, input_tokens).make(index)
-        out: list[Any] = []
+        tensors: list[Any] = []
+        contents: list[bytes] = []
         for spec in self.inputs:
             if spec.name in PER_REQUEST_INPUTS:
-                out.append(
-                    self._input(spec, self._value(spec, prompt, input_tokens, output_tokens))
+                tensor, raw = self._input(
+                    spec, self._value(spec, prompt, input_tokens, output_tokens)
                 )
-                continue
-            key = (spec.name, input_tokens, output_tokens)
-            shared = self._shared.get(key)  # identical in every request: build it once
-            if shared is None:
-                value = self._value(spec, prompt, input_tokens, output_tokens)
-                shared = self._shared[key] = self._input(spec, value)
-            out.append(shared)
-        return out
+            else:
+                key = (spec.name, input_tokens, output_tokens)
+                shared = self._shared.get(key)  # identical in every request: build it once
+                if shared is None:
+                    value = self._value(spec, prompt, input_tokens, output_tokens)
+                    shared = self._shared[key] = self._input(spec, value)
+                tensor, raw = shared
+            tensors.append(tensor)
+            contents.append(raw)
+        request = ModelInferRequest(
+            model_name=model, id=str(index), inputs=tensors, raw_input_contents=contents
+        )
+        request.parameters[EMPTY_FINAL].bool_param = True
+        return request
 
-    def _input(self, spec: _Input, value: Any) -> Any:
+    def _input(self, spec: _Input, value: Any) -> tuple[Any, bytes]:
+        """(the input tensor's metadata, its raw little-endian contents)."""
         shape = list(value.shape)
         if self.batched:
-            value = value.reshape([1, *shape])
             shape = [1, *shape]
-        inp = InferInput(spec.name, shape, spec.datatype)
-        inp.set_data_from_numpy(value)
-        return inp
+        if spec.datatype == "BYTES":
+            raw = serialize_byte_tensor(value).item()
+        else:
+            raw = value.astype(value.dtype.newbyteorder("<")).tobytes()
+        tensor = ModelInferRequest.InferInputTensor(
+            name=spec.name, datatype=spec.datatype, shape=shape
+        )
+        return tensor, raw
 
     def _prompts(self, seed: int, input_tokens: int) -> _Prompts:
         key = (seed, input_tokens)
@@ -138,7 +176,7 @@ class RequestTemplate:
             return np.array([isl], dtype=np.int32)
         if name in MAX_TOKEN_INPUTS:
             return np.array([osl], dtype=np.int32)
-        if name in STREAMING_INPUTS or name == "sampling_param_exclude_input_from_output":
+        if name in TRUE_INPUTS:
             return np.array([True], dtype=bool)
         raise AssertionError(f"no value for input {name}")
 

@@ -6,7 +6,9 @@ tritonserver (or mpirun) in the background and exits at once, which is why liven
 group still have a member", not "is my child running". The guard also ends the server when the
 tuner itself dies (SIGKILL included): no trial server, and none of its GPUs, outlives the tuner. Its stdout and stderr go to one log file, which failure
 classification reads: CUDA out-of-memory messages make a trial `oom`, anything else `error` with
-the last 40 log lines as the reason.
+the last 40 log lines as the reason. A trial whose streams stalled (requests that went silent
+after some tokens without a final response, stream.py) is `invalid`: it measured short requests,
+and a server that leaves requests open is not one to deploy.
 """
 
 from __future__ import annotations
@@ -225,6 +227,9 @@ async def _drive(
     sent = result.sent
     if result.errors and not proc.alive():
         return from_logs(f"the server died during the benchmark ({result.errors} failed)", result)
+    stalled = result.stall_note()
+    if stalled is not None:
+        return done("invalid", result, stalled)
     if result.requests == 0:
         status, reason = classify_failure(proc.log_text(), "")
         if status == "oom":

@@ -11,10 +11,17 @@ genai-perf/genai_perf/profile_data_parser/llm_profile_data_parser.py, `_parse_re
   pooled (a response carrying k tokens contributes k gaps of gap/k): p99 shows the stalls a
   decode step suffers when other requests' prefills run in it. Reported, never bounded.
 - E2E (request latency) = send -> last response.
-- Output throughput = output tokens of completed requests / benchmark window, where the window
-  runs from the first send of a measured request to the last response of a measured request.
-- Output length: a request's output tokens are its responses carrying output (the LLM-API model
-  streams one response per generated token, `stream_interval: 1`). A run whose mean output
+- Output throughput = output tokens of completed requests / benchmark duration, where the
+  duration runs from the first send of a completed request to the last response of a completed
+  request: AIPerf's definition (ai-dynamo/aiperf, aiperf/metrics/types/
+  output_token_throughput_metrics.py `OutputTokenThroughputMetric`: total output sequence
+  length / `BenchmarkDurationMetric`, benchmark_duration_metric.py: maximum response timestamp
+  minus minimum request timestamp, max_response_metric.py / min_request_metric.py; records with
+  an error feed only the error metrics: post_processors/metric_record_processor.py
+  `process_record`). Failed and stalled requests are counted apart (`errors`, `stalled`) and
+  widen no window.
+- Output length: a request's output tokens are what its responses say they carry (tokens.py:
+  `num_output_tokens`, `output_ids`, else one per response carrying output). A run whose mean output
   length falls more than 5 % short of the requested length ended early (EOS): its E2E flatters
   the workload, so `e2e_at_requested_ms` gives each request's E2E at the requested length,
   TTFT + (requested - 1) x its ITL, and `short_output` says by how much it fell short.
@@ -27,72 +34,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from infertune_tuner.harness.tokens import TokenSource
+from infertune_tuner.harness.trace import RequestTrace
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles
 
 MAX_ERROR_SAMPLES = 5
 SHORT_OUTPUT = 0.05  # a mean output length more than this share below the requested: early EOS
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTrace:
-    """What the client saw of one request.
-
-    `responses` holds the arrival time of each response that carried output; `tokens` the output
-    tokens each of those responses carried (None: one each, the streaming norm). `server` holds
-    optional server-reported (received, first token, last token) times on the same clock.
-    """
-
-    send_s: float
-    responses: tuple[float, ...] = ()
-    tokens: tuple[int, ...] | None = None
-    error: str | None = None
-    end_s: float | None = None  # when an errored request gave up
-    server: tuple[float, float, float] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.responses)
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.tokens) if self.tokens is not None else len(self.responses)
-
-    @property
-    def last_s(self) -> float:
-        if self.responses:
-            return self.responses[-1]
-        return self.end_s if self.end_s is not None else self.send_s
-
-    def ttft_s(self) -> float:
-        return self.responses[0] - self.send_s
-
-    def e2e_s(self) -> float:
-        return self.responses[-1] - self.send_s
-
-    def itl_s(self) -> float | None:
-        """GenAI-Perf's inter-token latency of this request: (E2E - TTFT) / (tokens - 1)."""
-        if len(self.responses) < 2 or self.output_tokens < 2:
-            return None
-        return (self.e2e_s() - self.ttft_s()) / (self.output_tokens - 1)
-
-    def gaps_s(self) -> list[float]:
-        """True inter-token gaps (k tokens in one response: k gaps of gap/k)."""
-        out: list[float] = []
-        r = self.responses
-        counts = self.tokens
-        if counts is not None and counts[0] > 1:
-            out.extend([0.0] * (counts[0] - 1))  # tokens delivered together with the first
-        for i in range(1, len(r)):
-            k = counts[i] if counts is not None else 1
-            if k <= 0:
-                continue
-            gap = (r[i] - r[i - 1]) / k
-            out.extend([gap] * k)
-        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +97,21 @@ def summarize(values_ms: Iterable[float]) -> Summary | None:
 
 
 @dataclass(frozen=True)
+class StreamFacts:
+    """What the client learnt from the streams beyond per-request timings."""
+
+    token_source: TokenSource = TokenSource.RESPONSES
+    tokens_assumed: int = 0  # responses counted as one token although a count was declared
+    streams_cancelled: int = 0  # streams that did not end by themselves after their requests
+    stall_bound_s: float | None = None  # the stall bound at the end of the run
+
+    @property
+    def one_per_response(self) -> bool:
+        """Whether some output was counted as one token per response, for lack of a count."""
+        return self.token_source is TokenSource.RESPONSES or self.tokens_assumed > 0
+
+
+@dataclass(frozen=True)
 class BenchResult:
     """The outcome of one load-generator run over the measured (non-warm-up) requests: a
     Summary per latency metric of ``metrics.LATENCY_METRICS`` (None when nothing completed)."""
@@ -168,10 +134,44 @@ class BenchResult:
     settings: dict[str, Any] = field(default_factory=dict)
     # The most requests that were decoding (first token seen, last not yet) at one moment.
     peak_decoding: int | None = None
+    stalled: int = 0  # short requests whose stream went silent (not completed, not errors)
+    stalled_tokens: tuple[int, int] | None = None  # fewest and most tokens a stalled one had
+    stream: StreamFacts = field(default_factory=StreamFacts)
 
     @property
     def sent(self) -> int:
-        return self.requests + self.errors
+        return self.requests + self.errors + self.stalled
+
+    def stall_note(self) -> str | None:
+        """What a report says about a run whose streams stalled (None when none did)."""
+        if not self.stalled or self.stalled_tokens is None:
+            return None
+        lo, hi = self.stalled_tokens
+        got = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        bound = self.stream.stall_bound_s
+        after = f" for over {bound * 1e3:.0f} ms" if bound is not None else ""
+        return (
+            f"{self.stalled} of {self.sent} requests stalled: their streams went silent{after} "
+            f"after {got} of {self.requested_output_tokens or '?'} tokens without a final "
+            "response (the model stopped without flagging its last output); the run measured "
+            "short requests and is not a valid measurement"
+        )
+
+    def token_note(self) -> str | None:
+        """Says so when output tokens were counted one per response for lack of a count."""
+        s = self.stream
+        if s.token_source is TokenSource.RESPONSES:
+            return (
+                "output tokens counted as one per response: the model returns no token count "
+                "(num_output_tokens) or ids (output_ids); a response carrying several tokens "
+                "(stream_interval > 1, speculative decoding) is undercounted"
+            )
+        if s.tokens_assumed:
+            return (
+                f"{s.tokens_assumed} responses lacked the declared {s.token_source.value} and "
+                "were counted as one token each"
+            )
+        return None
 
     @property
     def output_tokens_mean(self) -> float | None:
@@ -225,6 +225,13 @@ class BenchResult:
             "output_tokens_per_s": self.output_tokens_per_s,
             "duration_s": self.duration_s,
         }
+        out["stalled"] = self.stalled
+        out["token_source"] = self.stream.token_source.value
+        out["one_token_per_response_assumed"] = self.stream.one_per_response
+        out["tokens_assumed"] = self.stream.tokens_assumed
+        out["streams_cancelled"] = self.stream.streams_cancelled
+        if self.stream.stall_bound_s is not None:
+            out["stall_bound_ms"] = self.stream.stall_bound_s * 1e3
         if self.peak_decoding is not None:
             out["peak_decoding"] = self.peak_decoding
         if self.server_e2e_ms is not None:
@@ -255,15 +262,23 @@ def _e2e_at(t: RequestTrace, requested: int) -> float:
     return t.ttft_s() + (requested - 1) * itl
 
 
-def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = None) -> BenchResult:
+def compute(
+    traces: Sequence[RequestTrace],
+    settings: dict[str, Any] | None = None,
+    stream: StreamFacts | None = None,
+) -> BenchResult:
     """Statistics over measured requests. A request that errored, or that ended without a single
-    output token, counts as an error and contributes no latency sample."""
+    output token, counts as an error, and one that stalled as stalled: neither contributes a
+    latency sample, output tokens or time to the benchmark duration."""
     normalized = [
-        t if t.ok or t.error is not None else _with_error(t, "stream ended without output")
+        t
+        if t.ok or t.error is not None or t.stalled
+        else _with_error(t, "stream ended without output")
         for t in traces
     ]
     done = [t for t in normalized if t.ok]
-    failed = [t for t in normalized if not t.ok]
+    stalled = [t for t in normalized if t.stalled and t.error is None]
+    failed = [t for t in normalized if t.error is not None]
     ttft = [t.ttft_s() * 1e3 for t in done]
     e2e = [t.e2e_s() * 1e3 for t in done]
     gaps = [g * 1e3 for t in done for g in t.gaps_s()]
@@ -271,12 +286,9 @@ def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = No
     want = (settings or {}).get("output_tokens")
     requested = int(want) if isinstance(want, int) and want > 0 else None
     tokens = sum(t.output_tokens for t in done)
-    if normalized:
-        start = min(t.send_s for t in normalized)
-        end = max(t.last_s for t in normalized)
-        duration = max(end - start, 0.0)
-    else:
-        duration = 0.0
+    # AIPerf's benchmark duration: first send to last response of completed requests only.
+    duration = max(t.last_s for t in done) - min(t.send_s for t in done) if done else 0.0
+    stalled_tokens = [t.output_tokens for t in stalled]
     with_server = [t for t in done if t.server is not None]
     server_ttft = [(s[1] - s[0]) * 1e3 for t in with_server if (s := t.server) is not None]
     server_e2e = [(s[2] - s[0]) * 1e3 for t in with_server if (s := t.server) is not None]
@@ -299,6 +311,9 @@ def compute(traces: Sequence[RequestTrace], settings: dict[str, Any] | None = No
         server_e2e_ms=summarize(server_e2e),
         settings=dict(settings or {}),
         peak_decoding=peak_decoding(done),
+        stalled=len(stalled),
+        stalled_tokens=(min(stalled_tokens), max(stalled_tokens)) if stalled_tokens else None,
+        stream=stream or StreamFacts(),
     )
 
 
@@ -320,7 +335,4 @@ def peak_decoding(done: Sequence[RequestTrace]) -> int | None:
 
 
 def _with_error(t: RequestTrace, message: str) -> RequestTrace:
-    return RequestTrace(
-        send_s=t.send_s, responses=t.responses, tokens=t.tokens, error=message,
-        end_s=t.end_s, server=t.server,
-    )  # fmt: skip
+    return replace(t, error=message)
