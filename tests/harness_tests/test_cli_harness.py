@@ -41,11 +41,28 @@ def test_bench_table(cli: CliRunner, server_port: int) -> None:
     assert result.exit_code == 0, result.output
     for word in ("TTFT", "ITL", "E2E", "token gaps", "p99", "requests 8"):
         assert word in result.stdout
+    # simserver declares no token count: the run says it counted one token per response
+    assert "counted as one per response" in " ".join(result.stdout.split())
+
+
+def test_bench_warms_up_with_one_full_wave_by_default(cli: CliRunner, server_port: int) -> None:
+    result = cli.invoke(app, bench_args(server_port, "--json"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["settings"]["warmup"] == 4  # --concurrency 4
+    rate = cli.invoke(app, [*bench_args(server_port, "--json"), "--request-rate", "20"])
+    assert json.loads(rate.stdout)["settings"]["warmup"] == 4  # the cap
+    uncapped = bench_args(server_port, "--json", "--request-rate", "2.5")
+    uncapped[uncapped.index("--concurrency") : uncapped.index("--concurrency") + 2] = []
+    assert json.loads(cli.invoke(app, uncapped).stdout)["settings"]["warmup"] == 3  # 1 s
+    helptext = " ".join(cli.invoke(app, ["bench", "--help"]).stdout.split())
+    assert "Default: one full wave" in helptext.replace("│ ", "")
 
 
 def test_bench_exits_1_when_requests_fail(cli: CliRunner, server_port: int) -> None:
     # Each request takes milliseconds of modelled time; a 0.1 ms timeout fails every one.
-    result = cli.invoke(app, bench_args(server_port, "--json", "--timeout", "0.0001"))
+    result = cli.invoke(
+        app, bench_args(server_port, "--json", "--timeout", "0.0001", "--warmup", "0")
+    )
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)
     assert data["errors"] >= 1 and data["requests"] == 0 and data["error_samples"]

@@ -1,9 +1,10 @@
 """`infertune bench`, `infertune render`: the benchmark harness commands (`infertune simserver`
 is the tuner's own command, `infertune_tuner.harness.simserver_cli`).
 
-`bench` exits 0 when every request completed, 1 when some failed or the run stopped early (the
-report is still printed; `errors`, `error_samples` and `settings.stopped` say why), 2 when the
-server cannot be reached or the arguments are invalid.
+`bench` exits 0 when every request completed, 1 when some failed, stalled or the run stopped
+early (the report is still printed; `errors`, `error_samples`, `stalled` and `settings.stopped`
+say why), 2 when the server cannot be reached or the arguments are invalid. It warms up with one
+full wave of requests unless told otherwise (`bench_warmup`).
 """
 
 from __future__ import annotations
@@ -95,9 +96,11 @@ def _print_table(result: Any) -> None:
                 label, *(f"{d[c]:.2f}" for c in ("p50", "p95", "p99", "mean", "min", "max"))
             )
     console.print(table)
+    stalled = f"  stalled {result.stalled}" if result.stalled else ""
     console.print(
-        f"requests {result.requests}  errors {result.errors}  output tokens {result.output_tokens}"
-        f"  duration {result.duration_s:.2f} s  output {result.output_tokens_per_s:.1f} tok/s"
+        f"requests {result.requests}  errors {result.errors}{stalled}  output tokens "
+        f"{result.output_tokens}  duration {result.duration_s:.2f} s  output "
+        f"{result.output_tokens_per_s:.1f} tok/s"
     )
     for warning in _warnings(result):
         console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
@@ -110,6 +113,7 @@ def _warnings(result: Any) -> list[str]:
     note = result.short_output_note()
     if note is not None:
         out.append(note.replace("E2E is each", "e2e_at_requested_ms holds each"))
+    out += [n for n in (result.stall_note(), result.token_note()) if n is not None]
     return out
 
 
@@ -125,7 +129,15 @@ def bench(
     requests: Annotated[int, typer.Option(help="Measured requests.")] = 100,
     input_tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 128,
     output_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests (not measured).")] = 0,
+    warmup: Annotated[
+        int | None,
+        typer.Option(
+            help="Warm-up requests, not measured. Default: one full wave (--concurrency "
+            "requests; with --request-rate, the --concurrency cap or one second of arrivals), "
+            "so the cold first wave, which queues behind its own prefills, is not measured. "
+            "0: none."
+        ),
+    ] = None,
     request_rate: Annotated[
         float | None, typer.Option(help="Poisson arrivals per second instead of a closed loop.")
     ] = None,
@@ -149,8 +161,8 @@ def bench(
         url=url, model=model,
         concurrency=concurrency if concurrency is not None or request_rate else 1,
         requests=requests, input_tokens=input_tokens, output_tokens=output_tokens,
-        warmup=warmup, request_rate=request_rate, seed=seed, request_timeout_s=timeout,
-        deadline_s=deadline,
+        warmup=warmup if warmup is not None else bench_warmup(concurrency, request_rate),
+        request_rate=request_rate, seed=seed, request_timeout_s=timeout, deadline_s=deadline,
     )  # fmt: skip
     spec.validate()
     _check_served(url, model, connect_timeout_s=spec.connect_timeout_s)
@@ -159,8 +171,20 @@ def bench(
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
         _print_table(result)
-    if result.errors or "stopped" in result.settings:
+    if result.errors or result.stalled or "stopped" in result.settings:
         raise typer.Exit(EXIT_SOME_FAILED)
+
+
+def bench_warmup(concurrency: int | None, request_rate: float | None) -> int:
+    """One full wave: the requests in flight at once (closed loop: the concurrency; request rate:
+    the concurrency cap, or without one the arrivals of one second). As the tuner's trials warm
+    up with one full batch (backends/triton.py `default_warmup`): the first wave arrives at once
+    and queues behind its own prefills, which says nothing of the steady state."""
+    if request_rate is None:
+        return concurrency if concurrency is not None else 1
+    if concurrency is not None:
+        return concurrency
+    return max(1, math.ceil(request_rate))
 
 
 SEED_MAX = 2**32 - 1
