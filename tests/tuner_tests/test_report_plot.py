@@ -181,3 +181,22 @@ def test_the_same_report_draws_the_same_svg(two_bounds: Path) -> None:
 
     report = Report.model_validate_json((two_bounds / "report.json").read_text())
     assert render_html(report) == render_html(report)
+
+
+def test_a_report_from_before_measured_still_plots_one_point_per_configuration(
+    dense: Path, tmp_path: Path
+) -> None:
+    """`infertune report` may fetch a report an older tuner wrote (no `measured`, no
+    `near_ties`): it still renders, one uniquely labelled point per configuration."""
+    from infertune_tuner.run import write_report
+
+    data = json.loads((dense / "report.json").read_text())
+    for key in ("measured", "near_ties", "p_untried_beats"):
+        data.pop(key)
+    write_report(Report.model_validate(data), tmp_path)
+    (svg,) = _svgs(tmp_path)
+    labels = _labels(svg)
+    configs = {json.dumps(t["config"], sort_keys=True) for t in data["trials"] if t["metrics"]}
+    assert len(labels) == len(set(labels)) == len(configs)
+    for vertex in _front(svg):
+        assert any(_near(vertex, m) for m in _markers(svg, "-meets-slo"))

@@ -73,10 +73,6 @@ class View:
     confidence: str | None  # the confidence line, with why it differs from the stop rule
     plan: str  # why the executed trials ran, e.g. "6 explore, 2 cover, 2 confirm"
 
-    @property
-    def verdict(self) -> str:  # the headline's sentence (kept for callers of the old name)
-        return self.headline.text
-
 
 def _config(c: ConfigOut) -> str:
     return f"TP{c.tp}, max batch {c.max_batch_size}, {c.quantization}, KV {c.kv_cache_dtype}"
