@@ -14,6 +14,7 @@ Kopf logs in through a custom login handler, k8s.py through ``Kube.for_url``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import os
 import sys
@@ -26,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp.test_utils
+import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
@@ -34,11 +37,13 @@ from kmock._internal import enums
 from kmock._internal.dicts import patch_dict
 from kmock._internal.k8s import KubernetesError
 
+from infertune_operator.backoff import Backoff
 from infertune_operator.k8s import Kube
 from infertune_operator.settings import Settings
 from infertune_tuner.result import Report
 
 from . import apply_emulation as emulation
+from . import faults
 
 NS = "team-a"
 IDF_PATH = "infertune.io/v1alpha1/inferencedeployments"
@@ -70,11 +75,26 @@ SETTINGS = Settings(
 
 
 class FakeApiServer(kmock.KubernetesEmulator):
-    """kmock's emulator plus server-assigned metadata and the status subresource split."""
+    """kmock's emulator plus server-assigned metadata and the status subresource split, PUT and
+    optimistic concurrency, the ConfigMap size limit, and injected outages (see ``faults``)."""
 
     _rv = itertools.count(1000)
+    outages: list[faults.Outage]
 
     async def _handle(self, request: Any) -> Any:
+        for outage in getattr(self, "outages", []):
+            plural = request.resource.plural if request.resource is not None else None
+            if outage.active() and outage.matches(request.method.value, plural,
+                                                  request.subresource):  # fmt: skip
+                raise outage.fail(request.method.value, str(plural), request.name)
+        if request.resource is not None and request.name is not None:
+            live = self._live(request)
+            if request.method.value == "PUT" and request.subresource is None:
+                self._emulate_put(request, live)
+            elif request.action == enums.action.DELETE:
+                faults.check_delete_preconditions(request.resource.plural, live, request.data)
+            elif request.action == enums.action.UPDATE and request.subresource is None:
+                faults.check_resource_version(request.resource.plural, live, request.data)
         if request.resource is not None and request.subresource is None:
             self._emulate_write(request)
         data = request.data
@@ -95,7 +115,36 @@ class FakeApiServer(kmock.KubernetesEmulator):
         if isinstance(exc, KubernetesError) and not exc.details:
             # kmock would attach a formatted traceback (slow: it stats every cached source file).
             exc = attrs.evolve(exc, details={"causes": []})
-        return await super()._render_error(exc)
+        response = await super()._render_error(exc)
+        if isinstance(exc, faults.RetryAfterError) and exc.retry_after is not None:
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
+
+    def _live(self, request: Any) -> dict[str, Any] | None:
+        try:
+            obj = self.objects[request.resource, request.namespace, request.name]
+        except KeyError:
+            return None
+        return None if obj.deleted else dict(obj.raw)
+
+    def _emulate_put(self, request: Any, live: dict[str, Any] | None) -> None:
+        """PUT replaces the object (kmock has no PUT): the merge patch from what is stored to
+        what was sent, keeping the status and what the server sets in metadata."""
+        if live is None:
+            raise KubernetesError(status=404, reason="NotFound",
+                                  message=f'{request.resource.plural} "{request.name}" not found')  # fmt: skip
+        if not isinstance(request.data, dict):
+            raise KubernetesError(status=400, reason="BadRequest", message="not an object")
+        faults.check_resource_version(request.resource.plural, live, request.data)
+        target = copy.deepcopy(request.data)
+        meta = target.setdefault("metadata", {})
+        for key in ("uid", "creationTimestamp", "generation", "managedFields", "resourceVersion"):
+            if key in live.get("metadata", {}):
+                meta[key] = live["metadata"][key]
+        if "status" in live:
+            target["status"] = live["status"]
+        _rewrite(request, action=enums.action.UPDATE,
+                 data=emulation.merge_patch_between(live, target))  # fmt: skip
 
     def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
         # kmock scans every stored object for every request (O(n) per request); a named,
@@ -148,6 +197,7 @@ class FakeApiServer(kmock.KubernetesEmulator):
         else:
             return  # kmock answers (404 for a patch of nothing)
         emulation.check_quantities(plural, kind, after)
+        faults.check_configmap_size(plural, after)
         given = (after.get("metadata") or {}).get("managedFields")
         if plural in emulation.TRACKED and given == ((live or {}).get("metadata") or {}).get(
             "managedFields"
@@ -263,6 +313,7 @@ class OperatorRunner:
     url: str
     settings: Settings = SETTINGS
     resync_interval: float = 60.0
+    backoff: Backoff | None = None
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _ready: threading.Event = field(default_factory=threading.Event)
@@ -282,6 +333,7 @@ class OperatorRunner:
                     clusterwide=True,
                     login=self._login,
                     resync_interval=self.resync_interval,
+                    backoff=self.backoff,
                     stop_flag=self._stop,
                     ready_flag=self._ready,
                 )
@@ -383,9 +435,31 @@ async def delete(api: FakeApiServer, plural: str, name: str) -> None:
 
 
 async def start_operator(
-    api: FakeApiServer, settings: Settings = SETTINGS, *, resync_interval: float = 60.0
+    api: FakeApiServer,
+    settings: Settings = SETTINGS,
+    *,
+    resync_interval: float = 60.0,
+    backoff: Backoff | None = None,
 ) -> OperatorRunner:
-    return await OperatorRunner(api_url(api), settings, resync_interval).start()
+    return await OperatorRunner(api_url(api), settings, resync_interval, backoff).start()
+
+
+# kube-apiserver's limit on a request body (MaxRequestBodyBytes, 3 MiB): aiohttp's own default,
+# 1 MiB, would refuse a ConfigMap of exactly 1 MiB with 413 before the API's own 422.
+MAX_REQUEST_BODY = 3 * 1024 * 1024
+
+
+class ApiServerHttp(aiohttp.test_utils.RawTestServer):
+    """The emulator's HTTP server, taking request bodies as large as kube-apiserver does."""
+
+    async def _make_runner(self, debug: bool = True, **kwargs: Any) -> aiohttp.web.ServerRunner:
+        server = aiohttp.web.Server(self._handler, loop=self._loop, debug=debug, **kwargs)
+
+        def request(*args: Any) -> aiohttp.web.BaseRequest:
+            return aiohttp.web.BaseRequest(*args, server._loop, client_max_size=MAX_REQUEST_BODY)
+
+        server.request_factory = request
+        return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
 
 
 def declare_resources(handler: FakeApiServer) -> None:
@@ -415,7 +489,7 @@ async def seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) 
     assert obj is not None, problems
     report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / f"{name}-{th}")
     cm = report_store.report_configmap(
-        name=name, namespace=NS, report_json=report.to_json(), th=th, owner_uid=None
+        name=name, namespace=NS, report=report, th=th, owner_uid=None
     )
     if get(api, "configmaps", cm["metadata"]["name"]) is None:
         await post(api, "configmaps", cm)
@@ -428,22 +502,31 @@ async def seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) 
 
 
 async def run_tuner(
-    api: FakeApiServer, job: dict[str, Any], workdir: Path, env: dict[str, str] | None = None
+    api: FakeApiServer,
+    job: dict[str, Any],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    request: str | None = None,
 ) -> str:
     """Play the kubelet: run the Job's own command (`infertune tune-job ...`) as a process.
 
     Needs the ``kubeconfig`` fixture: the command talks to the emulator as a pod would talk to
     its API server. Only the request file path differs (the pod mounts the ConfigMap).
     `env`: what the pod's environment adds (a Secret's content, the worker's GPUs).
+    `request`: the request the pod mounted, when its ConfigMap is gone by now (a pod that
+    outlives its superseded Job).
     """
     pod = job["spec"]["template"]["spec"]
     command = list(pod["containers"][0]["command"])
     assert command[:2] == ["infertune", "tune-job"], command
     cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
-    cm = get(api, "configmaps", cm_name)
-    assert cm is not None, f"request ConfigMap {cm_name} missing"
+    if request is None:
+        cm = get(api, "configmaps", cm_name)
+        assert cm is not None, f"request ConfigMap {cm_name} missing"
+        request = str(cm["data"]["request.json"])
     request_file = workdir / f"{cm_name}.json"
-    request_file.write_text(cm["data"]["request.json"], encoding="utf-8")
+    request_file.write_text(request, encoding="utf-8")
     command[0] = str(Path(sys.executable).with_name("infertune"))
     command[command.index("--request") + 1] = str(request_file)
     proc = await asyncio.create_subprocess_exec(
@@ -463,8 +546,16 @@ async def start_job(api: FakeApiServer, name: str) -> None:
     await patch(api, "jobs", name, {"status": status}, sub="status")
 
 
-async def finish_job(api: FakeApiServer, name: str, *, succeeded: bool = True) -> None:
-    """Play the Job controller: mark the Job Complete (or Failed after its retries)."""
+async def finish_job(
+    api: FakeApiServer,
+    name: str,
+    *,
+    succeeded: bool = True,
+    reason: str = "BackoffLimitExceeded",
+    message: str = "Job has reached the specified backoff limit",
+) -> None:
+    """Play the Job controller: mark the Job Complete (or Failed: after its retries, or on its
+    deadline with ``reason="DeadlineExceeded"``)."""
     if succeeded:
         status = {"succeeded": 1, "active": 0,
                   "conditions": [{"type": "Complete", "status": "True"}]}  # fmt: skip
@@ -473,12 +564,7 @@ async def finish_job(api: FakeApiServer, name: str, *, succeeded: bool = True) -
             "failed": 3,
             "active": 0,
             "conditions": [
-                {
-                    "type": "Failed",
-                    "status": "True",
-                    "reason": "BackoffLimitExceeded",
-                    "message": "Job has reached the specified backoff limit",
-                }
+                {"type": "Failed", "status": "True", "reason": reason, "message": message}
             ],
         }
     await patch(api, "jobs", name, {"status": status}, sub="status")

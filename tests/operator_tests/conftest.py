@@ -9,12 +9,20 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from .apiserver import NS, FakeApiServer, OperatorRunner, api_url, declare_resources, start_operator
+from .apiserver import (
+    NS,
+    ApiServerHttp,
+    FakeApiServer,
+    OperatorRunner,
+    api_url,
+    declare_resources,
+    start_operator,
+)
 
 
 @pytest_asyncio.fixture
 async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer() as handler, kmock.Server(handler):
+    async with FakeApiServer() as handler, kmock.Server(handler, server_cls=ApiServerHttp):
         declare_resources(handler)
         yield handler
 

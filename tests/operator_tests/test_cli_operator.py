@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import gzip
 import json
 import webbrowser
 from pathlib import Path
@@ -37,10 +39,17 @@ def _report(tmp_path: Path, *, feasible: bool = True) -> Report:
     return tune(to_request(obj), backend="simulated", out_dir=tmp_path / "study")
 
 
-def _report_cm(report_json: str) -> dict[str, Any]:
+def _report_cm(report: Report) -> dict[str, Any]:
     return report_store.report_configmap(
-        name="llm", namespace=NS, report_json=report_json, th="abcd1234", owner_uid=None
+        name="llm", namespace=NS, report=report, th="abcd1234", owner_uid=None
     )
+
+
+def _raw_cm(data: dict[str, str] | None, binary: dict[str, str] | None = None) -> dict[str, Any]:
+    """A report ConfigMap as something else wrote it (an earlier version, a person)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "llm-tuning-report", "namespace": NS},
+            "data": data, "binaryData": binary}  # fmt: skip
 
 
 # ------------------------------------------------------------------ infertune report
@@ -50,7 +59,7 @@ async def test_report_writes_json_markdown_and_html(
     api: FakeApiServer, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     report = _report(tmp_path)
-    await post(api, "configmaps", _report_cm(report.to_json()))
+    await post(api, "configmaps", _report_cm(report))
     opened: list[str] = []
 
     def fake_open(url: str) -> bool:
@@ -72,16 +81,26 @@ async def test_report_reads_a_gzipped_report_and_defaults_the_namespace(
 ) -> None:
     report = _report(tmp_path)
     data = json.loads(report.to_json())
-    data["request"]["model"]["checkpoints"] = {"fp8": "x" * 950_000}  # big -> gzipped
-    big = json.dumps(data, indent=2)
-    cm = _report_cm(big)
-    assert "report.json.gz" in cm["binaryData"]
+    data["request"]["model"]["checkpoints"] = {"fp8": "x" * 1_100_000}  # big -> gzipped
+    cm = _report_cm(Report.model_validate(data))
+    assert "report.json.gz" in cm["binaryData"] and cm["data"] is None
     await post(api, "configmaps", cm)
 
     out = tmp_path / "gz"
     result = await _invoke_async(["report", "llm", "--out", str(out)])  # namespace: kubeconfig's
     assert result.exit_code == 0, result.output
     assert json.loads((out / "report.json").read_text())["request"]["model"]["checkpoints"]
+
+
+async def test_report_reads_what_earlier_versions_wrote(
+    api: FakeApiServer, kubeconfig: Path, tmp_path: Path
+) -> None:
+    report = _report(tmp_path)  # indented JSON, gzipped alone into binaryData
+    packed = base64.b64encode(gzip.compress(report.to_json().encode())).decode()
+    await post(api, "configmaps", _raw_cm(None, {"report.json.gz": packed}))
+    result = await _invoke_async(["report", "llm", "--out", str(tmp_path / "old")])
+    assert result.exit_code == 0, result.output
+    assert Report.model_validate_json((tmp_path / "old" / "report.json").read_text()) == report
 
 
 async def test_report_not_found_is_a_one_line_error(
@@ -97,8 +116,7 @@ async def test_report_not_found_is_a_one_line_error(
 async def test_report_rejects_a_configmap_that_is_not_a_report(
     api: FakeApiServer, kubeconfig: Path, tmp_path: Path
 ) -> None:
-    cm = _report_cm('{"schema": "something-else"}')
-    await post(api, "configmaps", cm)
+    await post(api, "configmaps", _raw_cm({"report.json": '{"schema": "something-else"}'}))
     result = await _invoke_async(["report", "llm", "-n", NS, "--out", str(tmp_path / "x")])
     assert result.exit_code == 2
     assert "not a valid infertune report" in result.output and "Traceback" not in result.output
@@ -119,6 +137,8 @@ async def test_tune_job_writes_the_report_configmap_and_overwrites_it(
     api: FakeApiServer, kubeconfig: Path, tmp_path: Path
 ) -> None:
     body = manifest("llm", slo={"e2eLatencyMs": {"p95": 10}})  # infeasible: still exit 0
+    body["metadata"]["uid"] = "uid-1"
+    await post(api, "inferencedeployments", body)  # the tuner writes only for a live object
     obj, _ = reconcile.validate(body)
     assert obj is not None
     request = tmp_path / "request.json"
@@ -138,7 +158,7 @@ async def test_tune_job_writes_the_report_configmap_and_overwrites_it(
     assert Report.model_validate_json(written["data"]["report.json"]).best is None
 
     args[args.index("h1")] = "h2"
-    result = await _invoke_async(args)  # the ConfigMap exists: patched, not duplicated
+    result = await _invoke_async(args)  # the ConfigMap exists: replaced, not duplicated
     assert result.exit_code == 0, result.output
     rewritten = get(api, "configmaps", "llm-tuning-report")
     assert rewritten is not None

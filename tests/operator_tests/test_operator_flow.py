@@ -340,11 +340,12 @@ async def test_invalid_spec_sets_condition_and_warns_without_retrying(
         what="the s3:// problem in the condition",
     )
     assert jobs_of(api, "bad") == []
-    await patch(api, "inferencedeployments", "bad", {"spec": {"model": {"source": None}}})
 
-    # A field the CRD schema lets through but the models reject: every problem is listed.
+    # A field the CRD schema lets through but the models reject: every problem is listed. (One
+    # patch with the source dropped: a valid spec in between would rightly start a Job.)
     await patch(api, "inferencedeployments", "bad", {"spec": {
         "gpu": {"product": "L4-24GB"},
+        "model": {"source": None},
         "search": {"maxBatchSize": [8, 8]},
     }})  # fmt: skip
     await wait_for(

@@ -14,6 +14,8 @@ from infertune_operator import (
     reconcile,
     reconcile_serving,
     report_store,
+    report_summary,
+    tuner_deadline,
     tuner_job,
     tuner_outcome,
 )
@@ -163,7 +165,12 @@ def test_gpu_job_requests_the_largest_tp_that_fits_one_node() -> None:
     assert pod["serviceAccountName"] == SETTINGS.tuner_service_account
     assert pod["restartPolicy"] == "Never"
     assert job["spec"]["backoffLimit"] == SETTINGS.job_backoff_limit
-    assert "activeDeadlineSeconds" not in job["spec"]
+    # No spec.tuning.timeoutMinutes: still a deadline, the trial budget times the per-trial
+    # bound (60 min server start-up + 30 min benchmark), plus 10 min for the report.
+    assert job["spec"]["activeDeadlineSeconds"] == 10 * (60 + 30) * 60 + 600
+    derivation = job["metadata"]["annotations"]["infertune.io/deadline"]
+    assert derivation.startswith("10 trials x 90 min per trial (60 min server start-up")
+    assert "spec.tuning.timeoutMinutes is unset" in derivation
 
 
 def test_gpu_job_keeps_the_users_node_selector_and_tolerations() -> None:
@@ -225,7 +232,24 @@ def test_job_command_labels_owner_and_deadline() -> None:
         "apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment", "name": "llm",
         "uid": "0000-uid", "controller": True, "blockOwnerDeletion": True,
     }  # fmt: skip
-    assert job["spec"]["activeDeadlineSeconds"] == 30 * 60 + tuner_job.JOB_DEADLINE_GRACE_S
+    assert job["spec"]["activeDeadlineSeconds"] == 30 * 60 + tuner_deadline.REPORT_GRACE_S
+    assert job["metadata"]["annotations"]["infertune.io/deadline"] == (
+        "spec.tuning.timeoutMinutes 30 min + 10 min to write the report"
+    )
+
+
+def test_the_derived_deadline_follows_the_startup_timeout_and_the_operator_setting() -> None:
+    body = _body(tuning={"backend": "simulated", "maxTrials": 4},
+                 serving={"startupTimeoutMinutes": 15})  # fmt: skip
+    settings = Settings(trial_benchmark_minutes=5)
+    deadline = tuner_deadline.job_deadline(_obj(body), settings)
+    assert deadline.seconds == 4 * (15 + 5) * 60 + 600
+    assert tuner_deadline.human(deadline.seconds) == "1 h 30 min"
+    # Unset maxTrials: the operator's default budget.
+    body = _body(tuning={"backend": "simulated"})
+    assert tuner_deadline.job_deadline(_obj(body), Settings(default_max_trials=3)).seconds == (
+        3 * (60 + 30) * 60 + 600
+    )
 
 
 def test_request_configmap_holds_the_tuning_request_with_operator_defaults() -> None:
@@ -349,23 +373,68 @@ def _tmp() -> Any:
 def test_report_configmap_round_trips_plain_and_gzipped() -> None:
     report = _report()
     small = report_store.report_configmap(
-        name="llm", namespace=NS, report_json=report.to_json(), th="abcd1234", owner_uid="u"
+        name="llm", namespace=NS, report=report, th="abcd1234", owner_uid="u"
     )
     assert "report.json" in small["data"] and small["binaryData"] is None
     assert report_store.configmap_hash(small) == "abcd1234"
     assert report_store.parse_report(small) == report
+    assert report_store.is_complete(small)
     assert small["metadata"]["ownerReferences"][0]["uid"] == "u"
     assert "blockOwnerDeletion" not in small["metadata"]["ownerReferences"][0]
 
-    big_json = report.to_json().replace(
-        '"request": {', '"request": {"padding": "' + "x" * 950_000 + '", ', 1
-    )
+    # Over the budget as JSON, well under it gzipped: the complete report, gzipped.
+    padded = report.model_copy(update={"request": {**report.request, "pad": "x" * 1_100_000}})
     big = report_store.report_configmap(
-        name="llm", namespace=NS, report_json=big_json, th="abcd1234", owner_uid=None
+        name="llm", namespace=NS, report=padded, th="abcd1234", owner_uid=None
     )
     assert big["data"] is None and "report.json.gz" in big["binaryData"]
-    assert len(big["binaryData"]["report.json.gz"]) < 900 * 1024
-    assert report_store.report_text(big) == big_json
+    assert report_store.stored_bytes(big) < 100_000
+    assert report_store.parse_report(big) == padded
+
+
+def test_a_report_gzip_cannot_shrink_enough_is_stored_as_its_bounded_summary() -> None:
+    import base64
+    import random
+
+    report = _report()
+    rng = random.Random(3)
+    executed = [t for t in report.trials if t.executed]
+    assert len(executed) >= 2
+
+    def noise() -> str:  # random text: gzip cannot shrink it below 3/4
+        return base64.b64encode(rng.randbytes(600_000)).decode()
+
+    loud = [t.model_copy(update={"reason": noise()}) for t in report.trials]
+    huge = report.model_copy(update={"trials": loud})
+    cm = report_store.report_configmap(
+        name="llm", namespace=NS, report=huge, th="abcd1234", owner_uid=None
+    )
+    assert cm["binaryData"] is None and report_store.stored_bytes(cm) <= report_store.REPORT_BUDGET
+    summary = report_store.parse_report(cm)
+    assert not report_store.is_complete(cm)
+    assert report_store.trials_total(cm, summary) == len(report.trials)
+    assert [t.number for t in summary.trials] == [t.number for t in executed]  # executed only
+    assert all(len(t.reason or "") <= report_summary.REASON_CHARS for t in summary.trials)
+    assert all(t.predicted is None for t in summary.trials)
+    assert summary.best == report.best  # what the operator serves is untouched
+
+
+def test_the_summary_drops_trials_to_fit_keeping_the_best() -> None:
+    report = _report()
+    assert report.best is not None
+    executed = [t for t in report.trials if t.executed]
+    assert len(executed) >= 3
+    bare = report_summary.size(
+        report_summary.summarize(report.model_copy(update={"trials": []}), 10**7)
+    )
+    tight = bare + 800  # room for a trial or two, not all of them
+    text = report_summary.summarize(report, tight)
+    assert report_summary.size(text) <= tight
+    kept = Report.model_validate_json(text)
+    assert report.best.trial in {t.number for t in kept.trials}
+    assert len(kept.trials) < len(executed)
+    with pytest.raises(ValueError, match="even without its trials"):
+        report_summary.summarize(report, 100)
 
 
 def test_parse_report_rejects_what_is_not_a_report() -> None:

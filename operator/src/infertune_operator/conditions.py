@@ -19,7 +19,10 @@ from infertune_operator.naming import Body
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 TUNED, DEPLOYED, READY = "Tuned", "Deployed", "Ready"
-CONDITION_TYPES = (TUNED, DEPLOYED, READY)
+# Whether the operator reaches the API server for this object; only set once it did not (an
+# object that never met an outage has no Synced condition).
+SYNCED = "Synced"
+CONDITION_TYPES = (TUNED, DEPLOYED, READY, SYNCED)
 
 # Condition reasons.
 INVALID_SPEC = "InvalidSpec"
@@ -28,6 +31,7 @@ TUNING_STARTED = "TuningStarted"
 TUNING_SUCCEEDED = "TuningSucceeded"
 NO_FEASIBLE_CONFIG = "NoFeasibleConfig"
 TUNING_JOB_FAILED = "TuningJobFailed"
+TUNING_DEADLINE_EXCEEDED = "TuningDeadlineExceeded"  # the tuner Job ran past its deadline
 AWAITING_TUNING = "AwaitingTuning"
 SERVING_APPLIED = "ServingApplied"
 DEPLOYING = "Deploying"
@@ -35,9 +39,12 @@ DEPLOYMENT_AVAILABLE = "DeploymentAvailable"
 SCALED_TO_ZERO = "ScaledToZero"
 CANNOT_SERVE = "CannotServe"
 APPLY_FAILED = "ApplyFailed"  # the API server refused an object (4xx): the message says why
-WARNING_REASONS = frozenset(
-    {INVALID_SPEC, NO_FEASIBLE_CONFIG, TUNING_JOB_FAILED, CANNOT_SERVE, APPLY_FAILED}
-)
+API_UNAVAILABLE = "ApiUnavailable"  # Synced=False: the API server keeps failing (5xx, 429, ...)
+API_RECOVERED = "ApiRecovered"  # Synced=True: it answers again after an outage
+WARNING_REASONS = frozenset({
+    INVALID_SPEC, NO_FEASIBLE_CONFIG, TUNING_JOB_FAILED, TUNING_DEADLINE_EXCEEDED, CANNOT_SERVE,
+    APPLY_FAILED, API_UNAVAILABLE,
+})  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,9 @@ no harm. Calls for one object are serialised with a per-object lock.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import logging
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import replace
 
 from infertune_operator import (
     conditions,
@@ -25,136 +19,50 @@ from infertune_operator import (
     naming,
     reconcile,
     reconcile_serving,
+    report_owner,
     report_store,
+    tuner_deadline,
     tuner_job,
     tuner_outcome,
     tuner_workers,
 )
 from infertune_operator.api.advisories import advisories
 from infertune_operator.api.models import InferenceDeployment
+from infertune_operator.context import (
+    IN_FLIGHT as IN_FLIGHT,
+)
+from infertune_operator.context import (
+    RESYNC_INTERVAL_S as RESYNC_INTERVAL_S,
+)
+from infertune_operator.context import (
+    Context as Context,
+)
+from infertune_operator.context import (
+    EventPoster as EventPoster,
+)
+from infertune_operator.context import (
+    Outage,
+    RetryLater,
+)
 from infertune_operator.naming import Body
 from infertune_operator.render import render_serving
-from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 
 logger = logging.getLogger("infertune.operator")
 
-EventPoster = Callable[[Body, conditions.Event], None]
-
-RESYNC_INTERVAL_S = 60.0
-IN_FLIGHT = frozenset({"Pending", "Tuning", "Deploying"})
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def log_event(body: Body, event: conditions.Event) -> None:
-    """Where events go when no Kopf handler context can post them (tests, scripts)."""
-    logger.debug("event %s %s for %s: %s", event.type, event.reason,
-                 body.get("metadata", {}).get("name"), event.message)  # fmt: skip
-
-
-@dataclass
-class Context:
-    """What every sync needs; lives in Kopf's memo (shared by all objects)."""
-
-    kube: k8s.Kube
-    settings: Settings
-    post_event: EventPoster = log_event
-    clock: Callable[[], str] = _now
-    resync_interval: float = RESYNC_INTERVAL_S
-    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
-    _phases: dict[tuple[str, str], str | None] = field(default_factory=dict)
-    _guard: threading.Lock = field(default_factory=threading.Lock)
-    _rbac_lock: threading.Lock = field(default_factory=threading.Lock)
-    _rbac_ready: set[str] = field(default_factory=set)
-    _synced: set[tuple[str, str]] = field(default_factory=set)
-    _claimed: dict[tuple[str, str], int | None] = field(default_factory=dict)
-    _kopf_context: contextvars.Context | None = None
-    _writer: ThreadPoolExecutor | None = None
-
-    def capture_kopf_context(self) -> None:
-        """Remember a handler's context: Kopf's event posting lives in context variables."""
-        if self._kopf_context is None:
-            self._kopf_context = contextvars.copy_context()
-
-    def in_kopf_context(self) -> Callable[..., Any]:
-        """A `run` for code outside Kopf's handlers (the resync) that posts events."""
-        base = self._kopf_context or contextvars.copy_context()
-        return base.copy().run
-
-    def lock(self, namespace: str, name: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
-
-    def claim(self, namespace: str, name: str, generation: int | None) -> bool:
-        """True once per object and spec generation: the first event of an object in this
-        process, then each spec change (the API server bumps metadata.generation on spec changes
-        only, so our own status writes and repeated events of one generation claim nothing)."""
-        key = (namespace, name)
-        with self._guard:
-            if key in self._claimed and self._claimed[key] == generation:
-                return False
-            self._claimed[key] = generation
-            return True
-
-    def first_sync(self, namespace: str, name: str) -> bool:
-        """True once per object and process: no sync of it has started before this one."""
-        with self._guard:
-            if (namespace, name) in self._synced:
-                return False
-            self._synced.add((namespace, name))
-            return True
-
-    def remember(self, namespace: str, name: str, phase: str | None) -> None:
-        with self._guard:
-            if phase is None:
-                self._locks.pop((namespace, name), None)
-                self._phases.pop((namespace, name), None)
-                self._synced.discard((namespace, name))
-                self._claimed.pop((namespace, name), None)
-            else:
-                self._phases[(namespace, name)] = phase
-
-    def in_flight(self, *, everything: bool = False) -> list[tuple[str, str]]:
-        """The objects whose next step waits on someone else (a Job, a Deployment rollout)."""
-        with self._guard:
-            return [k for k, phase in self._phases.items() if everything or phase in IN_FLIGHT]
-
-    def defer(self, write: Callable[[], None], lock: threading.Lock) -> None:
-        """Run ``write`` on the status writer, one at a time, then release ``lock``.
-
-        The caller holds ``lock`` (the object's) and hands it over: the next sync of the object
-        waits until the write is done, so statuses never go back in time. One writer thread,
-        so in a burst of creates the status writes queue behind the tuner Jobs instead of
-        competing with them for the API server.
-        """
-        with self._guard:
-            if self._writer is None:
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="infertune-status")
-            writer = self._writer
-        run = self.in_kopf_context()  # the writes post events
-
-        def task() -> None:
-            try:
-                run(write)
-            except k8s.KubeError as exc:  # the object stays in flight: the resync writes it
-                logger.warning("status write failed (the resync retries): %s", exc)
-            finally:
-                lock.release()
-
-        writer.submit(task)
-
-    def close(self) -> None:
-        """Stop the status writer (writes not started yet are dropped; a restart redoes them)."""
-        if self._writer is not None:
-            self._writer.shutdown(wait=False, cancel_futures=True)
+# Consecutive failed syncs of one object before the outage is a lasting one, shown in its status
+# (Synced=False ApiUnavailable) with a Warning event: with the default backoff (1 s, 2 s, ...)
+# about 3 s of failures. A single 409 from a concurrent write, or a blip, shows nothing.
+OUTAGE_ATTEMPTS = 3
 
 
 class _NotNew(Exception):
     """The create shortcut found something that already exists: converge the long way."""
+
+
+class _NotOurs(Exception):
+    """An object we would create exists under its name, and no InferenceDeployment owns it."""
 
 
 def sync(
@@ -172,10 +80,17 @@ def sync(
     Anything that exists after all (a report, the Job, the request) falls back to the full sync
     (which reads everything, as for any other trigger). The create path's status write goes to
     the status writer (``Context.defer``): in a burst, the next objects' Jobs come first.
+
+    A sync that fails on a transient API error (5xx, no answer, 408/409/429) raises
+    :class:`RetryLater` with the delay ``ctx.backoff`` gives it (the caller schedules the retry);
+    once such failures last (:data:`OUTAGE_ATTEMPTS`), the status says so where it can still be
+    written (``Synced=False ApiUnavailable``), and the first sync that goes through again says
+    that it recovered.
     """
     lock = ctx.lock(namespace, name)
     lock.acquire()
     held = True
+    body: Body | None = created_body
     try:
         first = ctx.first_sync(namespace, name)
         if created_body is not None and first and reconcile.is_brand_new(created_body):
@@ -185,8 +100,8 @@ def sync(
                 pass
             else:
                 ctx.remember(namespace, name, transition.phase)
-                write = functools.partial(_write_status, ctx, created_body, transition, th)
-                ctx.defer(write, lock)
+                write = functools.partial(_write_new_status, ctx, created_body, transition, th)
+                ctx.defer(write, lock, on_retry=functools.partial(_schedule, ctx, namespace, name))
                 held = False  # the status writer releases it
                 return transition.phase
         body = ctx.kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, name)
@@ -194,9 +109,76 @@ def sync(
             ctx.remember(namespace, name, None)
             return None
         return _converge(ctx, body)
+    except k8s.KubeError as exc:
+        if not exc.retryable:
+            raise
+        raise _retry_later(ctx, namespace, name, body, exc) from exc
     finally:
         if held:
             lock.release()
+
+
+def _schedule(ctx: Context, namespace: str, name: str, retry: RetryLater) -> None:
+    ctx.schedule_retry(namespace, name, retry.delay)
+
+
+def _write_new_status(
+    ctx: Context, body: Body, transition: conditions.Transition, th: str | None
+) -> None:
+    """The create path's status write, on the status writer: a transient failure of it is an
+    outage of the object like any other (retried with backoff)."""
+    meta = body["metadata"]
+    try:
+        _write_status(ctx, body, transition, th)
+    except k8s.KubeError as exc:
+        if not exc.retryable:
+            raise
+        raise _retry_later(ctx, meta["namespace"], meta["name"], body, exc) from exc
+
+
+def _retry_later(
+    ctx: Context, namespace: str, name: str, body: Body | None, exc: k8s.KubeError
+) -> RetryLater:
+    """Count the failure, say so in the status once it lasts (if the status is writable), and
+    the retry to schedule."""
+    outage = ctx.failed(namespace, name, exc)
+    delay = ctx.backoff.delay(outage.attempts, exc.retry_after)
+    logger.warning("%s/%s: sync failed (attempt %d, retrying in %.1f s): %s",
+                   namespace, name, outage.attempts, delay, exc)  # fmt: skip
+    if body is not None and outage.attempts >= OUTAGE_ATTEMPTS:
+        try:
+            _write_outage(ctx, body, outage)
+        except k8s.KubeError as again:  # not writable either: the next attempt tries again
+            logger.debug("%s/%s: outage not written: %s", namespace, name, again)
+    return RetryLater(delay, outage)
+
+
+def _write_outage(ctx: Context, body: Body, outage: Outage) -> None:
+    """Synced=False ApiUnavailable (and phase Pending for an object that has none yet)."""
+    meta = body["metadata"]
+    old = body.get("status") or {}
+    message = (
+        f"ApiUnavailable since {outage.since}: {outage.error}. Retrying with backoff; until "
+        "then the rest of this status may be out of date"
+    )
+    transition = conditions.Transition(
+        phase=old.get("phase") or "Pending",
+        message=message,
+        conditions={
+            conditions.SYNCED: conditions.Cond("False", conditions.API_UNAVAILABLE, message)
+        },
+    )
+    new = conditions.next_status(
+        old, transition, generation=None, now=ctx.clock(), tuning_hash=None
+    )
+    patch = conditions.status_patch(old, new)
+    if patch:
+        ctx.kube.patch(
+            k8s.INFERENCEDEPLOYMENTS, meta["namespace"], meta["name"], {"status": patch},
+            subresource="status",
+        )  # fmt: skip
+    for event in conditions.transition_events(old, new):
+        ctx.post_event(body, event)
 
 
 def _converge(ctx: Context, body: Body) -> str:
@@ -217,13 +199,14 @@ def _decide(
         return reconcile.invalid_spec([problem]), None
     th = reconcile.tuning_hash(body["spec"], ctx.settings)
     config = reconcile.config_from_status(body.get("status"), th)
-    tuned: tuple[Any, str] | None = None
+    tuned: reconcile_serving.TunedReport | None = None
     if config is None:
-        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        meta = body["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
         cm_name = naming.report_configmap_name(name)
         cm = ctx.kube.get(k8s.CONFIGMAPS, namespace, cm_name)
-        if report_store.configmap_hash(cm) != th:
-            return _tuning(ctx, obj, body, th, new=new), th
+        if (why := report_owner.foreign_reason(cm, uid=meta.get("uid"), th=th)) is not None:
+            return _tuning(ctx, obj, body, th, new=new, no_report=why), th
         if new:  # tuned before this object existed: serving reads the rest
             raise _NotNew
         assert cm is not None
@@ -232,9 +215,17 @@ def _decide(
         except ValueError as exc:
             msg = f"report ConfigMap {cm_name} for tuning {th} is unreadable: {exc}"
             return reconcile.tuning_job_failed(msg), th
+        expected = tuner_job.tuning_request(obj, ctx.settings)
+        if (diff := report_owner.request_difference(report.request, expected)) is not None:
+            # Labelled for this tuning, but it answers another request (a stale writer).
+            why = f"the report answers another request ({diff})"
+            logger.warning("%s/%s: ignoring ConfigMap %s: %s", namespace, name, cm_name, why)
+            return _tuning(ctx, obj, body, th, no_report=why), th
+        total = report_store.trials_total(cm, report)
         if report.best is None:
-            return reconcile.no_feasible_config(report, cm_name), th
-        config, tuned = reconcile.best_config(report), (report, cm_name)
+            return reconcile.no_feasible_config(report, cm_name, total), th
+        config = reconcile.best_config(report)
+        tuned = reconcile_serving.TunedReport(report, cm_name, total)
     try:
         deployment = _apply_serving(ctx, obj, body, config)
     except InputError as exc:  # deterministic (e.g. no checkpoint for the winner): no retry
@@ -260,19 +251,32 @@ def _decide(
 
 
 def _tuning(
-    ctx: Context, obj: InferenceDeployment, body: Body, th: str, *, new: bool = False
+    ctx: Context,
+    obj: InferenceDeployment,
+    body: Body,
+    th: str,
+    *,
+    new: bool = False,
+    no_report: str = "there is no report",
 ) -> conditions.Transition:
     """No report for this hash yet: start the tuner Job, adopt it, or explain its failure.
 
     ``new``: a brand-new object (see ``sync``): create the Job without looking it up first.
+    ``no_report``: why the report ConfigMap is not this tuning's (for a Job that succeeded).
+    A Job of this name that an earlier object of the same name owns is not adopted: it is
+    replaced (see :func:`_create_owned`).
     """
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     job_name = naming.job_name(name, th)
     job = None if new else ctx.kube.get(k8s.JOBS, namespace, job_name)
+    if job is not None and naming.owner_uid(job) != body["metadata"].get("uid"):
+        job = None  # an earlier object's: never adopted
     created = job is None
     if job is None:
         try:
             job, fresh = _start_tuning(ctx, obj, body, th)
+        except _NotOurs as exc:
+            return reconcile.tuning_rejected(str(exc))
         except k8s.ClientError as exc:
             if exc.retryable:
                 raise
@@ -298,7 +302,7 @@ def _tuning(
         cm = naming.report_configmap_name(name)
         return reconcile.tuning_job_failed(
             f"tuner Job {job_name} succeeded but left no report for tuning {th} in ConfigMap "
-            f"{cm}. See `kubectl logs job/{job_name}`; delete the Job to retry."
+            f"{cm} ({no_report}). See `kubectl logs job/{job_name}`; delete the Job to retry."
         )
     pods = ctx.kube.list(k8s.PODS, namespace, {"job-name": job_name})
     failure = tuner_outcome.pod_failure(pods)
@@ -308,9 +312,11 @@ def _tuning(
             logs = ctx.kube.pod_log_tail(namespace, failure.pod, failure.container)
         except k8s.KubeError as exc:
             logger.debug("no logs for %s: %s", failure.pod, exc)
-    return reconcile.tuning_job_failed(
-        tuner_outcome.job_failure_message(job_name, outcome, failure, logs)
-    )
+    deadline = tuner_deadline.deadline_text(job)
+    message = tuner_outcome.job_failure_message(job_name, outcome, failure, logs, deadline)
+    if tuner_outcome.ended_on_deadline(outcome):
+        return reconcile.tuning_job_failed(message, conditions.TUNING_DEADLINE_EXCEEDED)
+    return reconcile.tuning_job_failed(message)
 
 
 def _start_tuning(ctx: Context, obj: InferenceDeployment, body: Body, th: str) -> tuple[Body, bool]:
@@ -322,14 +328,47 @@ def _start_tuning(ctx: Context, obj: InferenceDeployment, body: Body, th: str) -
                 ctx.kube.ensure(tuner_job.tuner_service_account(namespace, ctx.settings))
                 ctx.kube.ensure(tuner_job.tuner_role_binding(namespace, ctx.settings))
                 ctx._rbac_ready.add(namespace)
-    ctx.kube.create(tuner_job.request_configmap(obj, body, th, ctx.settings))
-    job, created = ctx.kube.create(tuner_job.tuner_job(obj, body, th, ctx.settings))
+    _create_owned(ctx, tuner_job.request_configmap(obj, body, th, ctx.settings), body)
+    job, created = _create_owned(ctx, tuner_job.tuner_job(obj, body, th, ctx.settings), body)
     logger.info("%s/%s: tuner Job %s %s", namespace, name, job["metadata"]["name"],
                 "created" if created else "adopted")  # fmt: skip
     previous = (body.get("status") or {}).get("tuningHash")
     if previous and previous != th:  # a first tuning has nothing to supersede
         _delete_superseded(ctx, namespace, name, th)
     return job, created
+
+
+def _create_owned(ctx: Context, desired: Body, owner: Body) -> tuple[Body, bool]:
+    """Create; an existing object of the name is adopted only when this InferenceDeployment owns
+    it. One that an earlier InferenceDeployment of the same name owns (deleted and created again
+    before the garbage collector got to its objects) is deleted (only that uid) and created anew.
+
+    Returns:
+        (the object, whether it was created now). A name still held by the old object (its
+        deletion not finished) is a 409 Conflict: retried with backoff.
+    """
+    uid = owner["metadata"].get("uid")
+    live, created = ctx.kube.create(desired)
+    previous = naming.owner_uid(live)
+    if created or previous == uid:
+        return live, created
+    meta = live["metadata"]
+    if previous is None:  # someone else's object under our name: do not touch it
+        raise _NotOurs(
+            f"{desired['kind']} {meta['name']} exists and is not owned by this "
+            "InferenceDeployment; delete or rename it"
+        )
+    logger.info("%s/%s: replacing %s %s of an earlier InferenceDeployment of this name (uid %s)",
+                meta.get("namespace"), owner["metadata"]["name"], desired["kind"], meta["name"],
+                previous)  # fmt: skip
+    ctx.kube.delete(k8s.resource_of(desired), meta.get("namespace"), meta["name"], uid=meta["uid"])
+    live, created = ctx.kube.create(desired)
+    if not created and naming.owner_uid(live) != uid:
+        raise k8s.Conflict(
+            f"{desired['kind']} {meta['name']} of an earlier InferenceDeployment is still being "
+            "deleted", status=409, reason="Conflict",
+        )  # fmt: skip
+    return live, created
 
 
 def _delete_superseded(ctx: Context, namespace: str, name: str, th: str) -> None:
@@ -368,8 +407,19 @@ def _apply_serving(
 def _write_status(
     ctx: Context, body: Body, transition: conditions.Transition, th: str | None
 ) -> None:
+    """Write the transition's status (what changed) and post its events. A sync that gets
+    this far reached the API server: a lasting outage (shown as Synced=False, or never written
+    while every write failed) is over, and the status says so (Synced=True ApiRecovered)."""
     meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
     old = body.get("status") or {}
+    outage = ctx.outage(namespace, name)
+    lasting = outage is not None and outage.attempts >= OUTAGE_ATTEMPTS
+    if lasting or conditions.has_condition(old, conditions.SYNCED, "False"):
+        # Said now even when the outage could never be written while it lasted.
+        transition = replace(transition, conditions={
+            **transition.conditions, conditions.SYNCED: _recovery(ctx, namespace, name, old),
+        })  # fmt: skip
     generation = meta.get("generation")
     new = conditions.next_status(
         old, transition, generation=generation, now=ctx.clock(), tuning_hash=th
@@ -378,10 +428,26 @@ def _write_status(
     if patch:
         try:
             ctx.kube.patch(
-                k8s.INFERENCEDEPLOYMENTS, meta["namespace"], meta["name"], {"status": patch},
-                subresource="status",
-            )  # fmt: skip
+                k8s.INFERENCEDEPLOYMENTS, namespace, name, {"status": patch}, subresource="status"
+            )
         except k8s.NotFound:
             return
+    ctx.recovered(namespace, name)
     for event in conditions.transition_events(old, new):
         ctx.post_event(body, event)
+
+
+def _recovery(ctx: Context, namespace: str, name: str, old: Body) -> conditions.Cond:
+    """Synced=True ApiRecovered: since when the API failed (this process's record, else the
+    condition's own transition time: an operator restarted during the outage)."""
+    outage = ctx.outage(namespace, name)
+    since = outage.since if outage is not None else next(
+        (str(c.get("lastTransitionTime")) for c in old.get("conditions") or []
+         if c.get("type") == conditions.SYNCED), "?",
+    )  # fmt: skip
+    attempts = f"; {outage.attempts} attempts failed" if outage is not None else ""
+    return conditions.Cond(
+        "True", conditions.API_RECOVERED,
+        f"the Kubernetes API answers again (ApiUnavailable since {since} until {ctx.clock()}"
+        f"{attempts})",
+    )  # fmt: skip

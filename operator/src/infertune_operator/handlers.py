@@ -10,9 +10,14 @@ InferenceDeployment (see ``controller``):
   finishing, a report ConfigMap written by the tuner, a Deployment becoming available, someone
   deleting one of them;
 * a periodic resync of the objects that are Pending, Tuning or Deploying, in case an event was
-  missed, a pod waits for a reason worth showing (unschedulable, image pull), or
-  a sync failed on a transient API error. (One operator-wide loop, not a Kopf timer: Kopf puts
-  a finalizer on every object with a timer, and this operator needs none.)
+  missed or a pod waits for a reason worth showing (unschedulable, image pull). (One
+  operator-wide loop, not a Kopf timer: Kopf puts a finalizer on every object with a timer, and
+  this operator needs none.)
+* a retry of one object whose sync failed on a transient API error (5xx, no answer, 408/409/429),
+  after the delay ``backoff`` gives (exponential with jitter, never sooner than the server's
+  Retry-After). Kopf's own idiom, ``TemporaryError(delay=...)``, exists for change handlers,
+  timers and daemons only; event handlers' errors are logged and dropped. So the sync raises
+  ``RetryLater(delay)`` and ``Context.schedule_retry`` plays Kopf's part.
 
 Handlers are synchronous: Kopf runs them in its thread pool, and calls for one object are
 serialised with a per-object lock (Kopf serialises per resource kind, not across kinds).
@@ -33,7 +38,9 @@ import kopf
 
 from infertune_operator import conditions, k8s, naming, tuner_outcome
 from infertune_operator.api.models import GROUP, PLURAL, VERSION
-from infertune_operator.controller import RESYNC_INTERVAL_S, Context, EventPoster, sync
+from infertune_operator.backoff import Backoff
+from infertune_operator.context import RESYNC_INTERVAL_S, Context, EventPoster, RetryLater
+from infertune_operator.controller import sync
 from infertune_operator.naming import Body
 from infertune_operator.settings import Settings
 
@@ -76,7 +83,9 @@ def needs_sync(body: Any, type: str | None, memo: Any, **_: Any) -> bool:
     if type == "DELETED":
         return True
     meta = body.get("metadata") or {}
-    return _ctx(memo).claim(meta.get("namespace", ""), meta.get("name", ""), meta.get("generation"))
+    return _ctx(memo).claim(
+        meta.get("namespace", ""), meta.get("name", ""), meta.get("generation"), meta.get("uid")
+    )
 
 
 def on_inference_deployment(body: Any, type: str | None, memo: Any, **_: Any) -> None:
@@ -88,12 +97,19 @@ def on_inference_deployment(body: Any, type: str | None, memo: Any, **_: Any) ->
     if type == "DELETED":
         ctx.remember(namespace, name, None)
         return
+    sync_or_retry(ctx, namespace, name, created_body=copy.deepcopy(dict(body)))
+
+
+def sync_or_retry(ctx: Context, namespace: str, name: str, *, created_body: Any = None) -> None:
+    """Sync one object; when a transient API error stops it, schedule its retry (with the
+    sync's backoff delay). Refusals (4xx) of what the operator applies or creates are conditions
+    (ApplyFailed), not retries; other API trouble leaves the object to the periodic resync."""
     try:
-        sync(ctx, namespace, name, created_body=copy.deepcopy(dict(body)))
+        sync(ctx, namespace, name, created_body=created_body)
+    except RetryLater as exc:
+        if not ctx.schedule_retry(namespace, name, exc.delay):
+            ctx.remember(namespace, name, "Pending")  # no loop to retry on: the resync will
     except k8s.KubeError as exc:
-        # API trouble the sync did not turn into a condition (5xx, no answer, 409/429): the
-        # resync retries it (the object counts as in flight). Refusals (4xx) of what the
-        # operator applies or creates are conditions (ApplyFailed), not retries.
         ctx.remember(namespace, name, "Pending")
         logger.warning("%s/%s: sync failed (the resync retries): %s", namespace, name, exc)
 
@@ -107,13 +123,17 @@ async def _resync_forever(ctx: Context) -> None:
         for namespace, name in ctx.in_flight(everything=tick % FULL_RESYNC_EVERY == 0):
             try:
                 run = ctx.in_kopf_context()
-                await loop.run_in_executor(None, functools.partial(run, sync, ctx, namespace, name))
+                call = functools.partial(run, sync_or_retry, ctx, namespace, name)
+                await loop.run_in_executor(None, call)
             except Exception as exc:  # keep resyncing the others
                 logger.warning("%s/%s: resync failed: %s", namespace, name, exc)
 
 
 async def start_resync(memo: Any, **_: Any) -> None:
-    memo.resync_task = asyncio.create_task(_resync_forever(_ctx(memo)), name="infertune resync")
+    ctx = _ctx(memo)
+    ctx.loop = asyncio.get_running_loop()  # where retries are scheduled
+    ctx.retry_sync = functools.partial(sync_or_retry, ctx)
+    memo.resync_task = asyncio.create_task(_resync_forever(ctx), name="infertune resync")
 
 
 async def stop_resync(memo: Any, **_: Any) -> None:
@@ -155,10 +175,7 @@ def _owner_sync(body: Any, memo: Any) -> None:
         return
     ctx = _ctx(memo)
     ctx.capture_kopf_context()
-    try:
-        sync(ctx, meta["namespace"], owner)
-    except k8s.KubeError as exc:
-        logger.warning("%s/%s: sync failed (the resync retries): %s", meta["namespace"], owner, exc)
+    sync_or_retry(ctx, meta["namespace"], owner)
 
 
 def build_registry(*, login: Callable[..., Any] | None = None) -> kopf.OperatorRegistry:
@@ -218,7 +235,11 @@ class _NoProgress(kopf.ProgressStorage):
         return essence
 
 
-def operator_settings() -> kopf.OperatorSettings:
+KOPF_ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21)  # Kopf's default for its own API calls
+
+
+def operator_settings(time_scale: float = 1.0) -> kopf.OperatorSettings:
+    """Kopf's settings; ``time_scale`` shortens its delays for tests (1.0 in production)."""
     s = kopf.OperatorSettings()
     # Only watching handlers: Kopf keeps no state in our objects (no annotations, no finalizer;
     # the status's observedGeneration says what was handled), and builds none per event.
@@ -231,7 +252,10 @@ def operator_settings() -> kopf.OperatorSettings:
     s.watching.server_timeout = 600
     s.watching.client_timeout = 660
     s.watching.connect_timeout = 30
-    s.watching.reconnect_backoff = 1.0
+    s.watching.reconnect_backoff = 1.0 * time_scale
+    # Kopf's own calls (watch listings, event posts) retry 5xx, 429 and no answer with these
+    # delays; on a 429 Kopf waits the longer of the delay and the server's Retry-After.
+    s.networking.error_backoffs = tuple(b * time_scale for b in KOPF_ERROR_BACKOFFS)
     s.watching.label_selectors["batch", "jobs"] = naming.LABEL_DEPLOYMENT
     s.watching.label_selectors["apps", "deployments"] = naming.LABEL_DEPLOYMENT
     s.watching.label_selectors["v1", "configmaps"] = REPORT_SELECTOR
@@ -264,18 +288,25 @@ async def run_operator(
     ready_flag: Any = None,
     post_event: EventPoster | None = None,
     resync_interval: float = RESYNC_INTERVAL_S,
+    backoff: Backoff | None = None,
 ) -> None:
-    """Run the operator in the current event loop until stop_flag (or a signal)."""
+    """Run the operator in the current event loop until stop_flag (or a signal).
+
+    ``backoff``: the retry delays after transient API errors; its ``time_scale`` also scales
+    Kopf's own delays (tests run a minute-long outage in seconds).
+    """
+    backoff = backoff or Backoff()
     ctx = Context(
         kube=kube,
         settings=settings,
         post_event=post_event or kopf_event,
         resync_interval=resync_interval,
+        backoff=backoff,
     )
     asyncio.get_running_loop().set_exception_handler(_quiet_shutdown)
     await kopf.operator(
         registry=build_registry(login=login),
-        settings=operator_settings(),
+        settings=operator_settings(backoff.time_scale),
         standalone=True,
         clusterwide=clusterwide,
         namespaces=list(namespaces),

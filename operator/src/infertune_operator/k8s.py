@@ -12,7 +12,7 @@ Verbs used here, per resource (the Helm chart's ClusterRole must allow them; see
 inferencedeployments              get
 inferencedeployments/status       patch
 jobs (batch)                      get, list, create, delete
-configmaps                        get, list, create, patch, delete
+configmaps                        get, list, create, patch, delete (tuner Jobs: get, create, update)
 deployments (apps)                get, patch (+ create: a server-side apply that creates)
 services                          get, patch (+ create: a server-side apply that creates)
 pods                              list
@@ -173,7 +173,9 @@ class Kube:
                 ApiException.from_response(http_resp=response, body=text, data=None)
         except ApiException as exc:
             status, reason = int(exc.status or 0), str(exc.reason or "")
-            raise from_response(status, reason, exc.body, what) from exc
+            headers = exc.headers or {}
+            retry_after = headers.get("Retry-After") if hasattr(headers, "get") else None
+            raise from_response(status, reason, exc.body, what, retry_after=retry_after) from exc
         except Exception as exc:  # urllib3 connection errors, TLS, timeouts
             raise unreachable(exc, what) from exc
         if raw:
@@ -236,9 +238,34 @@ class Kube:
         )
         return result
 
-    def delete(self, res: Resource, namespace: str | None, name: str) -> bool:
-        """Delete with background propagation (a Job takes its pods along). False if absent."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    def replace(self, body: Body) -> Body:
+        """Replace (PUT) the whole object. With ``metadata.resourceVersion`` set, the API server
+        refuses with 409 Conflict when the object changed since it was read (optimistic
+        concurrency: a writer that lost the race reads again and decides again)."""
+        res = resource_of(body)
+        meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace"), meta.get("name", "")
+        result: Body = self._call(
+            "PUT", res.path(namespace, name), body=body, query=[("fieldManager", FIELD_MANAGER)],
+            what=f"replace {res.plural}/{name}",
+        )  # fmt: skip
+        return result
+
+    def delete(
+        self, res: Resource, namespace: str | None, name: str, *, uid: str | None = None
+    ) -> bool:
+        """Delete with background propagation (a Job takes its pods along). False if absent.
+
+        ``uid``: delete only that object (a precondition: 409 Conflict when the name now belongs
+        to another object), never one created in its place since it was read.
+        """
+        body: Body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
             self._call(
                 "DELETE", res.path(namespace, name), body=body, what=f"delete {res.plural}/{name}"

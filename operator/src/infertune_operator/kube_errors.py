@@ -12,12 +12,18 @@ different handling:
 * :class:`ServerError` (HTTP 5xx): the API server (or a webhook it called) failed: retry.
 * :class:`Unreachable` (no HTTP answer: connection refused, TLS, timeout): retry.
 
-``k8s`` raises them with the client's exception chained as ``__cause__``.
+``k8s`` raises them with the client's exception chained as ``__cause__``. An answer that says
+when to come back (``Retry-After``, or ``details.retryAfterSeconds`` in the Status: a 429 from API
+priority and fairness, a 503 of an overloaded server) carries it in :attr:`KubeError.retry_after`;
+``backoff`` never retries sooner.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 # 4xx answers that say "not now" rather than "not this": the same request may succeed later.
@@ -27,10 +33,13 @@ RETRYABLE_CLIENT_STATUSES = frozenset({408, 409, 429})
 class KubeError(Exception):
     """Any failed call to the Kubernetes API (or no usable client configuration)."""
 
-    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+    def __init__(
+        self, message: str, status: int = 0, reason: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after  # seconds the server asked us to wait, when it did
 
     @property
     def retryable(self) -> bool:
@@ -86,7 +95,37 @@ def _status_body(body: str | bytes | None) -> dict[str, Any]:
     return payload if isinstance(payload, dict) else {}
 
 
-def from_response(status: int, http_reason: str, body: str | bytes | None, what: str) -> KubeError:
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delay-seconds or an HTTP-date (RFC 9110 10.2.3).
+
+    None when absent or unreadable (then the backoff alone decides).
+    """
+    if not value or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
+
+
+def from_response(
+    status: int,
+    http_reason: str,
+    body: str | bytes | None,
+    what: str,
+    *,
+    retry_after: str | None = None,
+) -> KubeError:
     """The error for an HTTP error answer to the call described by ``what``.
 
     Args:
@@ -94,14 +133,21 @@ def from_response(status: int, http_reason: str, body: str | bytes | None, what:
         http_reason: The HTTP reason phrase.
         body: The response body (a metav1.Status JSON from a real API server).
         what: The call, for the message (``apply deployments/llm``).
+        retry_after: The ``Retry-After`` header, when the answer had one.
 
     Returns:
         A :class:`ClientError` (or subclass) for 4xx, :class:`ServerError` for 5xx, a plain
         :class:`KubeError` otherwise. The message is the server's own (``message`` of the
         Status), prefixed with ``what``; ``reason`` is the Status reason (``Invalid``,
-        ``BadRequest``, ...) when there is one, else the HTTP reason phrase.
+        ``BadRequest``, ...) when there is one, else the HTTP reason phrase; ``retry_after``
+        from the header, else from the Status's ``details.retryAfterSeconds``.
     """
     payload = _status_body(body)
+    wait = parse_retry_after(retry_after)
+    if wait is None:
+        details = payload.get("details")
+        seconds = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+        wait = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
     server_message = str(payload.get("message") or "").strip()
     message = (
         f"{what}: {server_message}" if server_message else f"{what}: HTTP {status} {http_reason}"
@@ -114,7 +160,7 @@ def from_response(status: int, http_reason: str, body: str | bytes | None, what:
         cls = ServerError
     else:
         cls = KubeError
-    return cls(message.strip(), status=status, reason=reason)
+    return cls(message.strip(), status=status, reason=reason, retry_after=wait)
 
 
 def unreachable(exc: BaseException, what: str) -> Unreachable:

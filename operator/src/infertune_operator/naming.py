@@ -31,6 +31,9 @@ ANNOTATION_HASH = f"{DOMAIN}/tuning-hash"
 ANNOTATION_RENDER_HASH = f"{DOMAIN}/render-hash"
 ANNOTATION_CONFIG = f"{DOMAIN}/config"
 ANNOTATION_REPO_HASH = f"{DOMAIN}/model-repo-hash"
+ANNOTATION_DEADLINE = f"{DOMAIN}/deadline"  # on tuner Jobs: how activeDeadlineSeconds was derived
+ANNOTATION_REPORT_TRIALS = f"{DOMAIN}/report-trials"  # on reports: trials of the full report
+ANNOTATION_REPORT_SUMMARY = f"{DOMAIN}/report-summary"  # "true": only the report's summary fits
 FINALIZER = f"{DOMAIN}/finalizer"
 
 # Values of LABEL_COMPONENT.
@@ -108,6 +111,19 @@ def owner_reference(body: Mapping[str, Any], *, block: bool = True) -> Body:
     if block:
         ref["blockOwnerDeletion"] = True
     return ref
+
+
+def owner_uid(obj: Mapping[str, Any] | None) -> str | None:
+    """The uid of the InferenceDeployment that owns ``obj`` (None: no InferenceDeployment does).
+
+    Names are reused: an InferenceDeployment deleted and created again under the same name is
+    another object (another uid), and what the first one left behind until the garbage collector
+    removes it is not the second one's.
+    """
+    for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return str(ref.get("uid") or "") or None
+    return None
 
 
 def render_hash(obj: Mapping[str, Any]) -> str:

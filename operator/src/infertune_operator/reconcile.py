@@ -177,12 +177,13 @@ def tuning_started(job: str, old_status: Mapping[str, Any] | None) -> Transition
     return _tuning_transition("Tuning", TUNING_STARTED, message, old_status)
 
 
-def tuning_job_failed(message: str) -> Transition:
-    """The tuner Job failed, or left no usable report: Failed, Tuned=False/TuningJobFailed."""
+def tuning_job_failed(message: str, reason: str = TUNING_JOB_FAILED) -> Transition:
+    """The tuner Job failed, or left no usable report: Failed, Tuned=False/TuningJobFailed (or
+    TuningDeadlineExceeded: the Job ran past its activeDeadlineSeconds)."""
     return Transition(
         phase="Failed",
         message=message,
-        conditions={TUNED: Cond("False", TUNING_JOB_FAILED, message)},
+        conditions={TUNED: Cond("False", reason, message)},
     )
 
 
@@ -231,12 +232,13 @@ def no_feasible_message(report: Report) -> str:
     return ". ".join(lines)
 
 
-def no_feasible_config(report: Report, report_cm: str) -> Transition:
+def no_feasible_config(report: Report, report_cm: str, total: int | None = None) -> Transition:
     """Tuning finished and nothing met the SLO.
 
     Args:
         report: The tuner's report (no best configuration).
         report_cm: The report ConfigMap's name (recorded in the status).
+        total: Trials of the complete report, when only its summary was read.
 
     Returns:
         Failed, Tuned=False/NoFeasibleConfig, with the nearest misses and what to relax.
@@ -246,5 +248,7 @@ def no_feasible_config(report: Report, report_cm: str) -> Transition:
         phase="Failed",
         message=message,
         conditions={TUNED: Cond("False", NO_FEASIBLE_CONFIG, message)},
-        fields=InferenceDeploymentStatus(trials=trial_counts(report), report_config_map=report_cm),
+        fields=InferenceDeploymentStatus(
+            trials=trial_counts(report, total), report_config_map=report_cm
+        ),
     )

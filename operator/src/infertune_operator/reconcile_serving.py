@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from infertune_operator.api.models import (
     BestConfig,
@@ -41,11 +41,24 @@ from infertune_tuner.result import Report
 # ------------------------------------------------------------------ tuning finished
 
 
-def trial_counts(report: Report) -> TrialCounts:
-    return TrialCounts(executed=report.executed_trials, total=len(report.trials))
+class TunedReport(NamedTuple):
+    """A report read in this sync: the report, its ConfigMap, and how many trials the complete
+    report lists (None: the report itself is complete; see ``report_store``)."""
+
+    report: Report
+    config_map: str
+    trials_total: int | None = None
 
 
-def tuned_status(report: Report, report_cm: str) -> InferenceDeploymentStatus:
+def trial_counts(report: Report, total: int | None = None) -> TrialCounts:
+    return TrialCounts(
+        executed=report.executed_trials, total=total if total is not None else len(report.trials)
+    )
+
+
+def tuned_status(
+    report: Report, report_cm: str, total: int | None = None
+) -> InferenceDeploymentStatus:
     """The status fields of a finished tuning: best config, its metrics, trial counts."""
     assert report.best is not None
     best = report.best
@@ -54,7 +67,7 @@ def tuned_status(report: Report, report_cm: str) -> InferenceDeploymentStatus:
     return InferenceDeploymentStatus(
         best_config=BestConfig.of(best.config.to_config()),
         best_metrics=BestMetrics.of(best.metrics, slo_met=slo_met),
-        trials=trial_counts(report),
+        trials=trial_counts(report, total),
         report_config_map=report_cm,
     )
 
@@ -77,17 +90,19 @@ def tuned_message(report: Report) -> str:
 
 
 def _tuned(
-    tuned: tuple[Report, str] | None, conditions: dict[str, Cond]
+    tuned: tuple[Report, str] | TunedReport | None, conditions: dict[str, Cond]
 ) -> InferenceDeploymentStatus:
     """A report read in this sync sets Tuned=True and the tuned fields; else nothing."""
     if tuned is None:
         return InferenceDeploymentStatus()
-    report, report_cm = tuned
+    report, report_cm, *rest = tuned
     conditions[TUNED] = Cond("True", TUNING_SUCCEEDED, tuned_message(report))
-    return tuned_status(report, report_cm)
+    return tuned_status(report, report_cm, rest[0] if rest else None)
 
 
-def cannot_serve(config: TrialConfig, problem: str, tuned: tuple[Report, str] | None) -> Transition:
+def cannot_serve(
+    config: TrialConfig, problem: str, tuned: tuple[Report, str] | TunedReport | None
+) -> Transition:
     """Tuning found a winner that cannot be rendered for serving.
 
     Args:
@@ -111,7 +126,7 @@ def cannot_serve(config: TrialConfig, problem: str, tuned: tuple[Report, str] | 
 def apply_failed(
     config: TrialConfig,
     problem: str,
-    tuned: tuple[Report, str] | None,
+    tuned: tuple[Report, str] | TunedReport | None,
     old_status: Mapping[str, Any] | None,
 ) -> Transition:
     """The API server refused a serving object (HTTP 4xx: invalid, forbidden by a policy).
@@ -178,7 +193,7 @@ def serving(
     namespace: str,
     config: TrialConfig,
     availability: Availability,
-    tuned: tuple[Report, str] | None,
+    tuned: tuple[Report, str] | TunedReport | None,
 ) -> Transition:
     """After tuning: Deploying until the Deployment is available, then Ready.
 

@@ -1,8 +1,21 @@
 """The report ConfigMap codec: how a tuning report lives on the cluster (pure).
 
 The tuner Job writes it (``infertune tune-job``), the operator reads it to decide what to serve,
-and ``infertune report`` fetches it for people. ``report.json`` in ``data``; a report too large
-for that (ConfigMaps hold at most 1 MiB in total) goes gzipped into ``binaryData``.
+and ``infertune report`` fetches it for people. The API server refuses a ConfigMap whose
+``data`` and ``binaryData`` values exceed 1 MiB together (1,048,576 bytes; binaryData counted
+decoded), so what is stored is bounded by construction, within :data:`REPORT_BUDGET`:
+
+* a report whose JSON fits is stored whole: ``data["report.json"]``;
+* a larger one gzipped, when that fits: ``binaryData["report.json.gz"]`` (JSON of reports
+  compresses about 14-fold: the largest study the CRD allows, 7.8 MB, takes 0.55 MB);
+* else its summary, in ``data["report.json"]`` (``report_summary``: the executed trials, each
+  capped; never over the budget). The study storage keeps every trial (``spec.tuning.storage``);
+* the annotation ``infertune.io/report-trials`` counts the complete report's trials, so the
+  status says how many configurations were considered even when only the summary is stored;
+  ``infertune.io/report-summary: "true"`` marks a summary.
+
+Readers take ``report.json.gz`` when it is there, else ``report.json`` (the whole report or its
+summary); what earlier versions wrote (indented JSON, plain or gzipped) reads the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +30,8 @@ from pydantic import ValidationError
 from infertune_operator.api.models import API_VERSION, KIND
 from infertune_operator.naming import (
     ANNOTATION_HASH,
+    ANNOTATION_REPORT_SUMMARY,
+    ANNOTATION_REPORT_TRIALS,
     COMPONENT_REPORT,
     LABEL_HASH,
     Body,
@@ -24,37 +39,40 @@ from infertune_operator.naming import (
     owner_reference,
     report_configmap_name,
 )
+from infertune_operator.report_summary import compact, size, summarize
 from infertune_tuner.result import Report
 
 REPORT_KEY = "report.json"
 REPORT_GZ_KEY = "report.json.gz"
-REPORT_GZIP_THRESHOLD = 900 * 1024  # ConfigMaps hold at most 1 MiB in total
-REPORT_MAX_BYTES = 1000 * 1024
+# The API server's limit on a ConfigMap's data + binaryData (MaxSecretSize, 1 MiB; validation of
+# ConfigMaps in k8s.io/kubernetes pkg/apis/core/validation), less room for what else the object
+# carries in etcd (metadata, managed fields).
+CONFIGMAP_LIMIT = 1024 * 1024
+REPORT_BUDGET = 1_000_000
 
 
 def report_configmap(
     *,
     name: str,
     namespace: str,
-    report_json: str,
+    report: Report,
     th: str | None,
     owner_uid: str | None,
 ) -> Body:
-    """What the tuner Job writes: report.json, gzipped into binaryData when it is large.
+    """What the tuner Job writes: the report, or its summary and the complete one gzipped.
 
     Args:
         name: The InferenceDeployment's name.
         namespace: Its namespace.
-        report_json: The report (``Report.to_json()``).
+        report: The report.
         th: The tuning hash the report answers (labels and annotates the ConfigMap).
         owner_uid: The InferenceDeployment's uid: the ConfigMap is deleted with it.
 
     Returns:
-        The ConfigMap. ValueError when even the gzipped report would not fit.
+        The ConfigMap; its data and binaryData never exceed :data:`REPORT_BUDGET` bytes.
     """
-    raw = report_json.encode("utf-8")
     labels = {**common_labels(name, COMPONENT_REPORT)}
-    annotations: dict[str, str] = {}
+    annotations: dict[str, str] = {ANNOTATION_REPORT_TRIALS: str(len(report.trials))}
     if th:
         labels[LABEL_HASH] = th
         annotations[ANNOTATION_HASH] = th
@@ -76,17 +94,53 @@ def report_configmap(
         }
         # No blockOwnerDeletion: that would need inferencedeployments/finalizers rights.
         body["metadata"]["ownerReferences"] = [owner_reference(owner, block=False)]
-    if len(raw) <= REPORT_GZIP_THRESHOLD:
-        body["data"], body["binaryData"] = {REPORT_KEY: report_json}, None
-        return body
-    packed = gzip.compress(raw, compresslevel=9, mtime=0)
-    if len(packed) * 4 / 3 > REPORT_MAX_BYTES:
-        raise ValueError(
-            f"the report is {len(raw)} bytes ({len(packed)} gzipped): too large for a ConfigMap"
-        )
-    body["data"] = None
-    body["binaryData"] = {REPORT_GZ_KEY: base64.b64encode(packed).decode("ascii")}
+    body["data"], body["binaryData"], complete = stored_values(report)
+    if not complete:
+        annotations[ANNOTATION_REPORT_SUMMARY] = "true"
     return body
+
+
+def stored_values(
+    report: Report,
+) -> tuple[dict[str, str] | None, dict[str, str] | None, bool]:
+    """(data, binaryData, whether that is the complete report) of the report ConfigMap;
+    together at most :data:`REPORT_BUDGET` bytes, binaryData counted decoded as the API server
+    counts it.
+
+    The complete report, plain when it fits, else gzipped when that fits; else its summary
+    (``report_summary``), which always fits.
+    """
+    whole = compact(report.model_dump(mode="json", by_alias=True))
+    if size(whole) <= REPORT_BUDGET:
+        return {REPORT_KEY: whole}, None, True
+    packed = gzip.compress(whole.encode("utf-8"), compresslevel=9, mtime=0)
+    if len(packed) <= REPORT_BUDGET:
+        return None, {REPORT_GZ_KEY: base64.b64encode(packed).decode("ascii")}, True
+    return {REPORT_KEY: summarize(report, REPORT_BUDGET)}, None, False
+
+
+def stored_bytes(cm: Mapping[str, Any]) -> int:
+    """What the API server counts against a ConfigMap's 1 MiB: data values (UTF-8) and
+    binaryData values (decoded)."""
+    total = sum(size(str(v)) for v in (cm.get("data") or {}).values())
+    for value in (cm.get("binaryData") or {}).values():
+        total += len(base64.b64decode(value))
+    return total
+
+
+def is_complete(cm: Mapping[str, Any]) -> bool:
+    """Whether the ConfigMap holds the complete report, not only its summary."""
+    meta = cm.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(ANNOTATION_REPORT_SUMMARY) != "true"
+
+
+def trials_total(cm: Mapping[str, Any], report: Report) -> int:
+    """How many trials the complete report lists (the annotation; else the report's own)."""
+    meta = cm.get("metadata") or {}
+    try:
+        return int((meta.get("annotations") or {}).get(ANNOTATION_REPORT_TRIALS, ""))
+    except ValueError:
+        return len(report.trials)
 
 
 def configmap_hash(cm: Mapping[str, Any] | None) -> str | None:
@@ -101,11 +155,12 @@ def configmap_hash(cm: Mapping[str, Any] | None) -> str | None:
 
 
 def report_text(cm: Mapping[str, Any]) -> str:
-    """The report JSON from a report ConfigMap, plain or gzipped. ValueError if neither."""
+    """The report JSON from a report ConfigMap: the complete one (gzipped) when it is there, else
+    ``report.json``. ValueError if neither."""
     data = cm.get("data") or {}
-    if REPORT_KEY in data:
-        return str(data[REPORT_KEY])
     packed = (cm.get("binaryData") or {}).get(REPORT_GZ_KEY)
+    if not packed and REPORT_KEY in data:
+        return str(data[REPORT_KEY])
     if packed:
         try:
             return gzip.decompress(base64.b64decode(packed)).decode("utf-8")

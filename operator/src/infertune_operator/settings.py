@@ -13,6 +13,7 @@
 | INFERTUNE_TUNER_SERVICE_ACCOUNT   | infertune-tuner (created per namespace by the operator)   |
 | INFERTUNE_TUNER_CLUSTERROLE       | infertune-tuner (bound in each namespace it tunes in)     |
 | INFERTUNE_JOB_BACKOFF_LIMIT       | 2 (tuner pod retries before the Job fails)               |
+| INFERTUNE_TRIAL_BENCHMARK_MINUTES | 30 (per-trial benchmark bound in the Job deadline)       |
 | INFERTUNE_MODEL_STORAGE_PVC       | unset (download cache PVC at /model-cache, serving+tuner)|
 
 The tuning defaults themselves (40 trials, the triton backend) live in
@@ -37,6 +38,17 @@ def _env(name: str, default: str) -> str:
     return value or default
 
 
+def _positive(name: str, default: int) -> int:
+    text = _env(name, str(default))
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name} must be a whole number of minutes >= 1, not {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     operator_image: str = f"infertune/operator:{__version__}"
@@ -50,6 +62,9 @@ class Settings:
     tuner_service_account: str = "infertune-tuner"
     tuner_clusterrole: str = "infertune-tuner"
     job_backoff_limit: int = 2
+    # The benchmark part of a trial's time bound (tuner_deadline.py): with the server start-up
+    # bound it makes the tuner Job's deadline when spec.tuning.timeoutMinutes is unset.
+    trial_benchmark_minutes: int = 30
     model_storage_pvc: str | None = None
 
     @classmethod
@@ -75,6 +90,9 @@ class Settings:
             tuner_service_account=_env("INFERTUNE_TUNER_SERVICE_ACCOUNT", d.tuner_service_account),
             tuner_clusterrole=_env("INFERTUNE_TUNER_CLUSTERROLE", d.tuner_clusterrole),
             job_backoff_limit=int(_env("INFERTUNE_JOB_BACKOFF_LIMIT", str(d.job_backoff_limit))),
+            trial_benchmark_minutes=_positive(
+                "INFERTUNE_TRIAL_BENCHMARK_MINUTES", d.trial_benchmark_minutes
+            ),
             model_storage_pvc=os.environ.get("INFERTUNE_MODEL_STORAGE_PVC") or None,
         )
 

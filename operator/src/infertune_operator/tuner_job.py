@@ -16,6 +16,7 @@ from typing import Any
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
 from infertune_operator.naming import (
+    ANNOTATION_DEADLINE,
     ANNOTATION_HASH,
     COMPONENT_REQUEST,
     COMPONENT_TUNER,
@@ -39,6 +40,7 @@ from infertune_operator.pods import (
     token_env,
 )
 from infertune_operator.settings import Settings
+from infertune_operator.tuner_deadline import job_deadline
 from infertune_operator.tuner_workers import WORKER_GPUS_ENV, make_indexed, storage_env
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
@@ -48,7 +50,6 @@ from infertune_tuner.runtime.weights import cache_gib, trial_weights
 REQUEST_KEY = "request.json"
 TUNER_CONTAINER = "tuner"
 CONFIG_MOUNT = "/config"
-JOB_DEADLINE_GRACE_S = 600  # the tuner stops itself at timeoutMinutes; time to write its report
 # The tuner's own work beside the trial server: the load generator (one busy core at high
 # concurrency), the study, the report.
 LOADGEN_CPU_M, LOADGEN_MEMORY_MI = 1000, 2048
@@ -144,7 +145,8 @@ def tuner_job(
         pool the winner will serve on, with the trial server's requests, /dev/shm, model
         storage and token (the serving runtime's pod shape at the largest TP, see `pods`) plus
         the load generator's CPU and memory; simulated ones on the operator image without GPUs.
-        The deadline is the spec's timeout plus time to write the report. With parallelism
+        The deadline (``tuner_deadline``): the spec's timeout, or the trial budget times the
+        per-trial bound, plus time to write the report. With parallelism
         N > 1: an Indexed Job of N such pods, workers of one study (see tuner_workers), each
         packing trials into its GPUs.
     """
@@ -202,8 +204,9 @@ def tuner_job(
         "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod},
     }
     make_indexed(spec, obj.spec.tuning.parallelism, settings.job_backoff_limit)
-    if obj.spec.tuning.timeout_minutes:
-        spec["activeDeadlineSeconds"] = obj.spec.tuning.timeout_minutes * 60 + JOB_DEADLINE_GRACE_S
+    deadline = job_deadline(obj, settings)
+    spec["activeDeadlineSeconds"] = deadline.seconds
+    meta["annotations"][ANNOTATION_DEADLINE] = deadline.derivation
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 

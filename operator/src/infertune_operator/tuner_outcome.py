@@ -131,14 +131,21 @@ def pod_failure(pods: Iterable[Mapping[str, Any]]) -> PodFailure | None:
 _ADVICE = {
     "OOMKilled": "the tuner ran out of memory: give the tuner more memory or narrow "
     "spec.search (fewer large maxBatchSize values)",
-    "DeadlineExceeded": "the Job hit its deadline: raise spec.tuning.timeoutMinutes or lower "
-    "spec.tuning.maxTrials",
+    "DeadlineExceeded": "set spec.tuning.timeoutMinutes (the tuner then stops itself in time and "
+    "reports the best configuration so far), raise it, or lower spec.tuning.maxTrials",
     "BackoffLimitExceeded": "the tuner crashed on every attempt",
     "Evicted": "the node evicted the tuner pod (resource pressure)",
 }
 
 
-def job_failure_message(job: str, outcome: JobOutcome, pod: PodFailure | None, logs: str) -> str:
+def ended_on_deadline(outcome: JobOutcome) -> bool:
+    """The Job controller stopped the Job at its activeDeadlineSeconds."""
+    return outcome.state == "failed" and outcome.reason == "DeadlineExceeded"
+
+
+def job_failure_message(
+    job: str, outcome: JobOutcome, pod: PodFailure | None, logs: str, deadline: str | None = None
+) -> str:
     """What a person needs to act on a failed tuner Job, in one line.
 
     Args:
@@ -146,6 +153,8 @@ def job_failure_message(job: str, outcome: JobOutcome, pod: PodFailure | None, l
         outcome: Its failed outcome (reason and message from the Job).
         pod: The pods' failure, when one was found.
         logs: The last log lines of the failed container ("" when not read).
+        deadline: The Job's deadline and how it was derived (``tuner_deadline.deadline_text``),
+            said when the Job ended on it.
 
     Returns:
         The Job's reason, the pod's (with exit code and message), the last log lines, advice
@@ -153,6 +162,8 @@ def job_failure_message(job: str, outcome: JobOutcome, pod: PodFailure | None, l
     """
     parts = [f"tuner Job {job} failed ({outcome.reason}"
              + (f": {outcome.message}" if outcome.message else "") + ")"]  # fmt: skip
+    if deadline and ended_on_deadline(outcome):
+        parts.append(f"; it ran into its deadline of {deadline}")
     if pod is not None:
         exit_code = f", exit code {pod.exit_code}" if pod.exit_code is not None else ""
         where = f"container {pod.container} of pod {pod.pod}" if pod.container else f"pod {pod.pod}"

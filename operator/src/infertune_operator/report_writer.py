@@ -1,0 +1,104 @@
+"""The tuner Job's last step: store its report, unless a newer tuning owns the report by now.
+
+``infertune tune-job`` calls :func:`write_report` once the study is done. Before every write it
+reads the InferenceDeployment and the report ConfigMap and asks ``report_owner.plan_write``
+whether this tuning is still the one the spec asks for; the write itself is guarded by the
+resourceVersion just read (create, or replace with that precondition), so a writer that lost a
+race (409 Conflict) reads again and decides again. A tuning result costs GPU hours: transient API
+errors (5xx, no answer, 429) are retried with ``backoff`` (:data:`WRITE_ATTEMPTS` tries, about
+five minutes) before the pod gives up and fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infertune_operator import k8s, naming, report_owner, report_store
+from infertune_operator.backoff import Backoff
+from infertune_operator.naming import Body
+from infertune_operator.report_owner import WriteAction
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.result import Report
+
+WRITE_ATTEMPTS = 10  # transient failures in a row: 1 + 2 + 4 + ... capped at 60 s: ~5 min
+RACES = 5  # lost races (409) in a row: someone else keeps writing; give up rather than spin
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    action: WriteAction  # CREATE / REPLACE: written so; SKIP: not written (``reason`` says why)
+    reason: str = ""
+    complete: bool = True  # False: only the report's summary fits in the ConfigMap
+
+
+def _owner(kube: k8s.Kube, request: TuningRequest, namespace: str) -> tuple[Body | None, bool]:
+    """The InferenceDeployment as it is now, and whether this pod may read it (a role from an
+    earlier chart may not allow it: then the operator's own check guards the report)."""
+    try:
+        return kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, request.name), True
+    except k8s.Forbidden:
+        return None, False
+
+
+def write_report(
+    kube: k8s.Kube,
+    *,
+    request: TuningRequest,
+    report: Report,
+    namespace: str,
+    th: str | None,
+    uid: str | None,
+    backoff: Backoff | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WriteOutcome:
+    """Store ``report`` in ``<name>-tuning-report`` when this tuning is still wanted.
+
+    Args:
+        kube: The client (the pod's service account).
+        request: The request this tuner ran (from the request ConfigMap).
+        report: Its report.
+        namespace: The InferenceDeployment's namespace.
+        th: The tuning hash (``--tuning-hash``).
+        uid: The InferenceDeployment's uid the Job was made for (``--owner-uid``).
+        backoff: Delays between attempts after transient API errors.
+        sleep: How to wait (tests pass a fake).
+
+    Returns:
+        What was done. Raises the last :class:`k8s.KubeError` when the API keeps failing or
+        refuses the write (403, 422).
+    """
+    backoff = backoff or Backoff()
+    body = report_store.report_configmap(
+        name=request.name, namespace=namespace, report=report, th=th, owner_uid=uid
+    )
+    complete = report_store.is_complete(body)
+    cm_name = naming.report_configmap_name(request.name)
+    failures = races = 0
+    while True:
+        try:
+            owner, known = _owner(kube, request, namespace)
+            existing = kube.get(k8s.CONFIGMAPS, namespace, cm_name)
+            plan = report_owner.plan_write(
+                owner=owner, owner_known=known, uid=uid, mine=request, existing=existing
+            )
+            if plan.action is WriteAction.SKIP:
+                return WriteOutcome(plan.action, plan.reason, complete)
+            if plan.action is WriteAction.CREATE:
+                body["metadata"].pop("resourceVersion", None)
+                if kube.create(body)[1]:
+                    return WriteOutcome(plan.action, complete=complete)
+                raise k8s.Conflict(f"ConfigMap {cm_name} was created meanwhile", status=409)
+            body["metadata"]["resourceVersion"] = plan.resource_version
+            kube.replace(body)
+            return WriteOutcome(plan.action, complete=complete)
+        except k8s.Conflict:
+            races += 1  # someone wrote in between: read again and decide again
+            if races >= RACES:
+                raise
+        except k8s.KubeError as exc:
+            failures += 1
+            if not exc.retryable or failures >= WRITE_ATTEMPTS:
+                raise
+            sleep(backoff.delay(failures, exc.retry_after))

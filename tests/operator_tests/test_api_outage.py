@@ -1,0 +1,172 @@
+"""An API outage is visible and retried with backoff, then recovers.
+
+The emulator's clock and the operator's delays run at the same ``TIME_SCALE``: a 60-second
+outage lasts 3 real seconds, a 1 s backoff 50 ms, a ``Retry-After: 20`` 1 s. Times below are
+emulated seconds unless they say otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infertune_operator.backoff import Backoff
+from infertune_operator.kube_errors import from_response, parse_retry_after
+
+from . import faults
+from .apiserver import (
+    FakeApiServer,
+    condition,
+    create,
+    events_for,
+    get,
+    jobs_of,
+    manifest,
+    phase,
+    start_operator,
+    wait_for,
+    warning_events,
+)
+
+TIME_SCALE = 0.05
+BACKOFF = Backoff(time_scale=TIME_SCALE)
+JOB_CREATE = "POST jobs/"
+
+
+def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
+    obj = get(api, "inferencedeployments", name)
+    assert obj is not None
+    return obj
+
+
+async def test_a_minute_of_5xx_on_job_creation_is_shown_retried_with_growing_delays_and_recovers(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    clock = faults.Clock(TIME_SCALE)
+    outage = faults.Outage(clock, duration=60, methods=frozenset({"POST"}),
+                           plurals=frozenset({"jobs"}))  # fmt: skip
+    api.outages = [outage]
+    runner = await start_operator(api, backoff=BACKOFF)
+    try:
+        await create(api, manifest("blip"))
+
+        # While it lasts: a condition and a Warning event say so; the phase is not left empty.
+        await wait_for(
+            lambda: condition(get(api, "inferencedeployments", "blip"), "Synced").get("reason")
+            == "ApiUnavailable",
+            timeout=60 * TIME_SCALE, what="Synced=False ApiUnavailable during the outage",
+        )  # fmt: skip
+        assert outage.active(), "the condition came only after the outage"
+        synced = condition(_idf(api, "blip"), "Synced")
+        assert synced["status"] == "False"
+        assert synced["message"].startswith("ApiUnavailable since ")
+        assert "create jobs/blip-tune-" in synced["message"]
+        assert "the server is currently unable to handle the request" in synced["message"]
+        assert phase(api, "blip") == "Pending"
+        [warning] = await warning_events(api, "blip", "ApiUnavailable")
+        assert "ApiUnavailable since" in warning["message"]
+        assert jobs_of(api, "blip") == []
+
+        # Then it recovers by itself: the Job, and the status says the outage is over.
+        await wait_for(lambda: jobs_of(api, "blip"), timeout=200 * TIME_SCALE + 5,
+                       what="the tuner Job after the outage")  # fmt: skip
+        await wait_for(
+            lambda: condition(get(api, "inferencedeployments", "blip"), "Synced").get("reason")
+            == "ApiRecovered",
+            what="Synced=True ApiRecovered",
+        )  # fmt: skip
+        recovered = condition(_idf(api, "blip"), "Synced")
+        assert recovered["status"] == "True"
+        assert "ApiUnavailable since " in recovered["message"]
+        assert condition(_idf(api, "blip"), "Tuned")["reason"] == "TuningPending"
+        await wait_for(
+            lambda: [e for e in events_for(api, "blip") if e["reason"] == "ApiRecovered"],
+            what="an ApiRecovered event",
+        )
+    finally:
+        await runner.stop()
+
+    # One attempt per backoff step, each delay longer than the one before: about 7 attempts in
+    # the minute (the resync alone tried 12 in 6 s in tests, and once a minute for real).
+    gaps = outage.gaps(JOB_CREATE)
+    print(f"delays between attempts (emulated s): {[round(g, 2) for g in gaps]}")
+    assert 5 <= len(outage.failures) <= 9, outage.failures
+    for attempt, gap in enumerate(gaps, start=1):
+        assert gap >= BACKOFF.least(attempt) / TIME_SCALE, (attempt, gaps)
+    assert gaps[-1] > 3 * gaps[0]
+
+
+async def test_retry_after_is_honoured(api: FakeApiServer, kubeconfig: Path) -> None:
+    clock = faults.Clock(TIME_SCALE)
+    throttled = faults.Outage(clock, duration=30, methods=frozenset({"POST"}),
+                              plurals=frozenset({"jobs"}), status=429, retry_after=20)  # fmt: skip
+    api.outages = [throttled]
+    runner = await start_operator(api, backoff=BACKOFF)
+    try:
+        await create(api, manifest("slow"))
+        await wait_for(lambda: jobs_of(api, "slow"), timeout=100 * TIME_SCALE + 5,
+                       what="the tuner Job once throttling ends")  # fmt: skip
+    finally:
+        await runner.stop()
+    gaps = throttled.gaps(JOB_CREATE)
+    print(f"delays between throttled attempts (emulated s): {[round(g, 2) for g in gaps]}")
+    assert gaps, throttled.failures
+    assert all(gap >= 20 for gap in gaps), gaps  # never sooner than Retry-After (backoff: 1, 2)
+    assert len(throttled.failures) <= 2  # 0 s and ~20 s; the third try (~40 s) goes through
+
+
+async def test_an_outage_of_every_write_is_reported_once_writes_work_again(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    await create(api, manifest("dark"))  # created while no operator runs
+    clock = faults.Clock(TIME_SCALE)
+    outage = faults.Outage(clock, duration=20, plurals=frozenset(
+        {"jobs", "configmaps", "inferencedeployments", "serviceaccounts", "rolebindings"}))  # fmt: skip
+    api.outages = [outage]
+    runner = await start_operator(api, backoff=BACKOFF)  # it comes up into the outage
+    try:
+        await wait_for(lambda: jobs_of(api, "dark"), timeout=100 * TIME_SCALE + 5,
+                       what="the tuner Job after the outage")  # fmt: skip
+        await wait_for(lambda: phase(api, "dark") == "Pending", what="phase Pending")
+        # Nothing could be written while it lasted; what is written first says it happened.
+        synced = await wait_for(lambda: condition(get(api, "inferencedeployments", "dark"),
+                                                  "Synced"), what="a Synced condition")  # fmt: skip
+        assert synced["status"] == "True" and synced["reason"] == "ApiRecovered"
+        assert (
+            "ApiUnavailable since" in synced["message"] and "attempts failed" in synced["message"]
+        )
+    finally:
+        await runner.stop()
+
+
+# ------------------------------------------------------------------ the pieces, alone
+
+
+def test_backoff_grows_caps_and_never_undercuts_retry_after() -> None:
+    policy = Backoff()
+    rng = random.Random(0)
+    delays = [policy.delay(n, rng=rng) for n in range(1, 10)]
+    assert delays[0] < 1.3 and 40 <= delays[-1] <= 60
+    assert all(b > a for a, b in itertools.pairwise(delays[:6]))  # until the cap
+    assert policy.delay(1, retry_after=30, rng=rng) >= 30
+    assert policy.delay(1, retry_after=10**6, rng=rng) == policy.max_retry_after_s
+    assert Backoff(time_scale=0.5).delay(1, retry_after=10, rng=rng) == 5
+    with pytest.raises(ValueError):
+        Backoff(base_s=0)
+
+
+def test_retry_after_comes_from_the_header_or_the_status_details() -> None:
+    assert parse_retry_after("7") == 7
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    date = (now + timedelta(seconds=90)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    assert parse_retry_after(date, now=now) == 90
+    assert parse_retry_after("soon") is None and parse_retry_after("nan") is None
+    body = '{"kind": "Status", "reason": "TooManyRequests", "details": {"retryAfterSeconds": 3}}'
+    err = from_response(429, "Too Many Requests", body, "create jobs/x")
+    assert err.retryable and err.retry_after == 3
+    assert from_response(503, "x", "{}", "w", retry_after="12").retry_after == 12

@@ -1,0 +1,310 @@
+"""Whose report is it: a stale tuner never replaces a newer tuning's report, the operator checks a
+report's own request, and an object created again under the same name starts its own tuning.
+
+The superseded tuner pod is played as a kubelet would leave it: its Job and request ConfigMap are
+deleted by the operator when the spec changes, but the pod, which mounted the request, may still
+finish and run its `infertune tune-job` write.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from infertune_operator import reconcile, report_owner, report_store, tuner_job
+from infertune_operator.report_owner import WriteAction
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.result import Report
+
+from .apiserver import (
+    NS,
+    SETTINGS,
+    FakeApiServer,
+    OperatorRunner,
+    condition,
+    create,
+    delete,
+    finish_job,
+    get,
+    jobs_of,
+    make_available,
+    manifest,
+    patch,
+    phase,
+    post,
+    run_tuner,
+    seed_report,
+    start_operator,
+    wait_for,
+)
+
+TIGHTER = {"e2eLatencyMs": {"p95": 15000}}
+
+
+def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
+    obj = get(api, "inferencedeployments", name)
+    assert obj is not None
+    return obj
+
+
+def _report_of(api: FakeApiServer, name: str) -> Report:
+    cm = get(api, "configmaps", f"{name}-tuning-report")
+    assert cm is not None
+    return report_store.parse_report(cm)
+
+
+def _slo_p95(report: Report) -> float:
+    return next(b["max_ms"] for b in report.request["slo"] if b["percentile"] == "p95")
+
+
+async def _job_with_hash(api: FakeApiServer, name: str, th: str) -> dict[str, Any]:
+    job: dict[str, Any] = await wait_for(
+        lambda: next(
+            (j for j in jobs_of(api, name) if j["metadata"]["labels"]["infertune.io/tuning-hash"]
+             == th), None),
+        what=f"the tuner Job of tuning {th}",
+    )  # fmt: skip
+    return job
+
+
+async def _first_then_changed(
+    api: FakeApiServer, name: str
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Create, wait for Job A, keep what its pod mounted; change the SLO; wait for Job B."""
+    body = await create(api, manifest(name))
+    th_a = reconcile.tuning_hash(body["spec"], SETTINGS)
+    job_a = await _job_with_hash(api, name, th_a)
+    request_cm = get(api, "configmaps", f"{name}-tune-{th_a}-request")
+    assert request_cm is not None
+    mounted = str(request_cm["data"]["request.json"])
+    changed = await patch(api, "inferencedeployments", name, {"spec": {"slo": TIGHTER}})
+    th_b = reconcile.tuning_hash(changed["spec"], SETTINGS)
+    job_b = await _job_with_hash(api, name, th_b)
+    # The superseded Job goes (its pod may not, yet).
+    await wait_for(lambda: len(jobs_of(api, name)) == 1, what="Job A deleted")
+    return copy.deepcopy(job_a), mounted, job_b
+
+
+async def test_a_stale_tuner_loses_while_the_operator_runs(
+    api: FakeApiServer, operator: OperatorRunner, kubeconfig: Path, tmp_path: Path
+) -> None:
+    job_a, mounted_a, job_b = await _first_then_changed(api, "live")
+    th_b = job_b["metadata"]["labels"]["infertune.io/tuning-hash"]
+    await run_tuner(api, job_b, tmp_path)
+    await finish_job(api, job_b["metadata"]["name"])
+    await wait_for(lambda: phase(api, "live") == "Deploying", what="phase Deploying")
+    before = get(api, "configmaps", "live-tuning-report")
+    assert before is not None
+
+    # The superseded tuner pod finishes after the new tuning wrote its report.
+    out = await run_tuner(api, job_a, tmp_path, request=mounted_a)
+    assert "report not written: the spec of team-a/live changed since this tuning started" in out
+    assert "slo" in out
+    after = get(api, "configmaps", "live-tuning-report")
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert report_store.configmap_hash(after) == th_b
+    assert _slo_p95(_report_of(api, "live")) == 15000  # `infertune report` shows the new one
+    await make_available(api, "live", 1)
+    await wait_for(lambda: phase(api, "live") == "Ready", what="phase Ready")
+    assert _idf(api, "live")["status"]["tuningHash"] == th_b
+
+
+async def test_a_stale_tuner_loses_while_the_operator_is_down(
+    api: FakeApiServer, kubeconfig: Path, tmp_path: Path
+) -> None:
+    runner = await start_operator(api)
+    try:
+        job_a, mounted_a, job_b = await _first_then_changed(api, "down")
+        await wait_for(lambda: phase(api, "down") == "Pending", what="phase Pending (tuning B)")
+    finally:
+        await runner.stop()
+    th_b = job_b["metadata"]["labels"]["infertune.io/tuning-hash"]
+
+    # With no operator watching: the stale tuner before the new one, the new one, and the stale
+    # one again (a retried pod) after it. Neither stale write lands.
+    out = await run_tuner(api, job_a, tmp_path, request=mounted_a)
+    assert "report not written" in out
+    assert get(api, "configmaps", "down-tuning-report") is None
+    await run_tuner(api, job_b, tmp_path)
+    await finish_job(api, job_b["metadata"]["name"])
+    out = await run_tuner(api, job_a, tmp_path, request=mounted_a)
+    assert "report not written" in out
+    assert report_store.configmap_hash(get(api, "configmaps", "down-tuning-report")) == th_b
+
+    runner = await start_operator(api)
+    try:
+        # The new tuning's result is served; it is not "succeeded but left no report".
+        await wait_for(lambda: phase(api, "down") == "Deploying", what="phase Deploying")
+        tuned = condition(_idf(api, "down"), "Tuned")
+        assert tuned["status"] == "True" and tuned["reason"] == "TuningSucceeded"
+        assert _idf(api, "down")["status"]["tuningHash"] == th_b
+        assert len(jobs_of(api, "down")) == 1  # nothing tuned again
+    finally:
+        await runner.stop()
+
+
+async def test_a_report_labelled_for_this_tuning_that_answers_another_request_is_not_served(
+    api: FakeApiServer, operator: OperatorRunner, tmp_path: Path
+) -> None:
+    old = manifest("forged")
+    await seed_report(api, old, tmp_path)  # the old spec's result ...
+    new = copy.deepcopy(old)
+    new["spec"]["slo"] = TIGHTER
+    th = reconcile.tuning_hash(new["spec"], SETTINGS)
+    cm = get(api, "configmaps", "forged-tuning-report")
+    assert cm is not None
+    relabel = {"metadata": {"annotations": {"infertune.io/tuning-hash": th},
+                            "labels": {"infertune.io/tuning-hash": th}}}  # fmt: skip
+    await patch(api, "configmaps", "forged-tuning-report", relabel)  # ... labelled as the new one
+
+    await create(api, new)
+    job = await _job_with_hash(api, "forged", th)  # tuned for real, not served from it
+    assert job["metadata"]["name"] == f"forged-tune-{th}"
+    await wait_for(lambda: phase(api, "forged") == "Pending", what="phase Pending")
+    assert get(api, "deployments", "forged") is None
+
+
+async def test_an_object_created_again_under_the_same_name_starts_its_own_tuning(
+    api: FakeApiServer, operator: OperatorRunner, kubeconfig: Path, tmp_path: Path
+) -> None:
+    first = await create(api, manifest("again"))
+    uid1 = first["metadata"]["uid"]
+    th = reconcile.tuning_hash(first["spec"], SETTINGS)
+    job1 = await _job_with_hash(api, "again", th)
+    await run_tuner(api, job1, tmp_path)
+    await wait_for(lambda: phase(api, "again") == "Deploying", what="phase Deploying")
+
+    # Deleted and created again before the garbage collector removed the first one's Job,
+    # request, report and serving objects (the emulator has no garbage collector).
+    await delete(api, "inferencedeployments", "again")
+    second = await create(api, manifest("again"))
+    uid2 = second["metadata"]["uid"]
+    assert uid2 != uid1
+
+    job2 = await wait_for(
+        lambda: next((j for j in jobs_of(api, "again")
+                      if j["metadata"]["ownerReferences"][0]["uid"] == uid2), None),
+        what="a tuner Job of the new object",
+    )  # fmt: skip
+    assert job2["metadata"]["name"] == job1["metadata"]["name"]  # same spec, same name
+    assert len(jobs_of(api, "again")) == 1  # the old uid's Job is gone, not adopted
+    request = get(api, "configmaps", f"again-tune-{th}-request")
+    assert request is not None and request["metadata"]["ownerReferences"][0]["uid"] == uid2
+    await wait_for(lambda: phase(api, "again") == "Pending", what="phase Pending")
+    assert condition(_idf(api, "again"), "Tuned")["reason"] == "TuningPending"
+
+    # The first object's tuner, late, does not write for the second one.
+    out = await run_tuner(api, job1, tmp_path, request=str(request["data"]["request.json"]))
+    assert "was deleted and created again" in out
+    assert get(api, "configmaps", "again-tuning-report")["metadata"]["ownerReferences"][0][
+        "uid"
+    ] == uid1  # fmt: skip
+
+    await run_tuner(api, job2, tmp_path)
+    report_cm = get(api, "configmaps", "again-tuning-report")
+    assert report_cm is not None and report_cm["metadata"]["ownerReferences"][0]["uid"] == uid2
+    await wait_for(lambda: phase(api, "again") == "Deploying", what="phase Deploying")
+    deployment = get(api, "deployments", "again")
+    assert deployment is not None
+    assert [r["uid"] for r in deployment["metadata"]["ownerReferences"]] == [uid2]
+
+
+# ------------------------------------------------------------------ the decisions, alone
+
+
+def _request(body: dict[str, Any]) -> TuningRequest:
+    obj, problems = reconcile.validate(body)
+    assert obj is not None, problems
+    return tuner_job.tuning_request(obj, SETTINGS)
+
+
+def test_a_tuner_writes_only_while_its_object_asks_for_its_request() -> None:
+    body = manifest("w")
+    body["metadata"]["uid"] = "u1"
+    mine = _request(body)
+    existing = {"metadata": {"resourceVersion": "42"}}
+
+    plan = report_owner.plan_write(owner=body, owner_known=True, uid="u1", mine=mine,
+                                   existing=None)  # fmt: skip
+    assert plan.action is WriteAction.CREATE
+    plan = report_owner.plan_write(owner=body, owner_known=True, uid="u1", mine=mine,
+                                   existing=existing)  # fmt: skip
+    assert plan.action is WriteAction.REPLACE and plan.resource_version == "42"
+
+    changed = copy.deepcopy(body)
+    changed["spec"]["search"]["maxBatchSize"] = [4, 8]
+    plan = report_owner.plan_write(owner=changed, owner_known=True, uid="u1", mine=mine,
+                                   existing=existing)  # fmt: skip
+    assert plan.action is WriteAction.SKIP and "search.max_batch_size" in plan.reason
+    # Where the request ran differs (storage, workers): still the same question answered.
+    wider = mine.model_copy(update={"tuning": mine.tuning.model_copy(update={"parallelism": 1,
+                                                                             "storage": "x"})})  # fmt: skip
+    assert report_owner.request_difference(wider.dump(), mine) is None
+
+    reborn = copy.deepcopy(body)
+    reborn["metadata"]["uid"] = "u2"
+    plan = report_owner.plan_write(owner=reborn, owner_known=True, uid="u1", mine=mine,
+                                   existing=existing)  # fmt: skip
+    assert plan.action is WriteAction.SKIP and "created again" in plan.reason
+    plan = report_owner.plan_write(owner=None, owner_known=True, uid="u1", mine=mine,
+                                   existing=existing)  # fmt: skip
+    assert plan.action is WriteAction.SKIP and "no longer exists" in plan.reason
+    # A tuner that may not read its object (an older role) writes as before.
+    plan = report_owner.plan_write(owner=None, owner_known=False, uid="u1", mine=mine,
+                                   existing=existing)  # fmt: skip
+    assert plan.action is WriteAction.REPLACE
+
+
+def test_a_report_is_foreign_when_its_hash_or_owner_differ() -> None:
+    cm = {"metadata": {"annotations": {"infertune.io/tuning-hash": "h1"},
+                       "ownerReferences": [{"apiVersion": "infertune.io/v1alpha1",
+                                            "kind": "InferenceDeployment", "uid": "u1"}]}}  # fmt: skip
+    assert report_owner.foreign_reason(cm, uid="u1", th="h1") is None
+    assert "tuning h1" in str(report_owner.foreign_reason(cm, uid="u1", th="h2"))
+    assert "earlier InferenceDeployment" in str(report_owner.foreign_reason(cm, uid="u2", th="h1"))
+    seeded = {"metadata": {"annotations": {"infertune.io/tuning-hash": "h1"}}}
+    assert report_owner.foreign_reason(seeded, uid="u2", th="h1") is None  # nobody's: accepted
+    assert report_owner.foreign_reason(None, uid="u1", th="h1") == "there is no report"
+
+
+async def test_a_replace_with_a_stale_resource_version_is_a_conflict(
+    api: FakeApiServer,
+) -> None:
+    import asyncio
+
+    import pytest
+
+    from infertune_operator import k8s
+
+    from .apiserver import api_url
+
+    cm = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": "race", "namespace": NS}, "data": {"a": "1"}}  # fmt: skip
+    created = await post(api, "configmaps", cm)
+    kube = k8s.Kube.for_url(api_url(api))
+    first = copy.deepcopy(created)
+    first["data"] = {"a": "2"}
+    written = await asyncio.to_thread(kube.replace, first)
+    assert written["data"] == {"a": "2"}
+    assert written["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
+    late = copy.deepcopy(created)  # read before the write above
+    late["data"] = {"a": "3"}
+    with pytest.raises(k8s.Conflict, match="the object has been modified"):
+        await asyncio.to_thread(kube.replace, late)
+    assert (get(api, "configmaps", "race") or {})["data"] == {"a": "2"}
+
+
+def test_an_object_created_again_is_claimed_even_when_its_deletion_event_was_merged_away() -> None:
+    from infertune_operator.context import Context
+
+    from .apiserver import SETTINGS as settings
+
+    ctx = Context(kube=None, settings=settings)  # type: ignore[arg-type]
+    assert ctx.claim(NS, "x", 1, "u1") and ctx.first_sync(NS, "x")
+    assert not ctx.claim(NS, "x", 1, "u1")  # our own status write: nothing to do
+    assert ctx.claim(NS, "x", 2, "u1")  # a spec change
+    # Deleted and created again: Kopf may hand over only the new object's event (generation 1).
+    assert ctx.claim(NS, "x", 1, "u2")
+    assert ctx.first_sync(NS, "x")  # and it takes the create path of a new object
