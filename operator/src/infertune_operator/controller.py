@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import replace
 
 from infertune_operator import (
     conditions,
@@ -21,6 +20,7 @@ from infertune_operator import (
     reconcile_serving,
     report_owner,
     report_store,
+    status_writes,
     tuner_deadline,
     tuner_job,
     tuner_outcome,
@@ -40,21 +40,13 @@ from infertune_operator.context import (
 from infertune_operator.context import (
     EventPoster as EventPoster,
 )
-from infertune_operator.context import (
-    Outage,
-    RetryLater,
-)
+from infertune_operator.context import RetryLater
 from infertune_operator.naming import Body
 from infertune_operator.render import render_serving
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 
 logger = logging.getLogger("infertune.operator")
-
-# Consecutive failed syncs of one object before the outage is a lasting one, shown in its status
-# (Synced=False ApiUnavailable) with a Warning event: with the default backoff (1 s, 2 s, ...)
-# about 3 s of failures. A single 409 from a concurrent write, or a blip, shows nothing.
-OUTAGE_ATTEMPTS = 3
 
 
 class _NotNew(Exception):
@@ -83,7 +75,7 @@ def sync(
 
     A sync that fails on a transient API error (5xx, no answer, 408/409/429) raises
     :class:`RetryLater` with the delay ``ctx.backoff`` gives it (the caller schedules the retry);
-    once such failures last (:data:`OUTAGE_ATTEMPTS`), the status says so where it can still be
+    once such failures last (``status_writes.OUTAGE_ATTEMPTS``), the status says so where it can still be
     written (``Synced=False ApiUnavailable``), and the first sync that goes through again says
     that it recovered.
     """
@@ -100,7 +92,9 @@ def sync(
                 pass
             else:
                 ctx.remember(namespace, name, transition.phase)
-                write = functools.partial(_write_new_status, ctx, created_body, transition, th)
+                write = functools.partial(
+                    status_writes.write_new_status, ctx, created_body, transition, th
+                )
                 ctx.defer(write, lock, on_retry=functools.partial(_schedule, ctx, namespace, name))
                 held = False  # the status writer releases it
                 return transition.phase
@@ -112,7 +106,7 @@ def sync(
     except k8s.KubeError as exc:
         if not exc.retryable:
             raise
-        raise _retry_later(ctx, namespace, name, body, exc) from exc
+        raise status_writes.retry_later(ctx, namespace, name, body, exc) from exc
     finally:
         if held:
             lock.release()
@@ -122,69 +116,10 @@ def _schedule(ctx: Context, namespace: str, name: str, retry: RetryLater) -> Non
     ctx.schedule_retry(namespace, name, retry.delay)
 
 
-def _write_new_status(
-    ctx: Context, body: Body, transition: conditions.Transition, th: str | None
-) -> None:
-    """The create path's status write, on the status writer: a transient failure of it is an
-    outage of the object like any other (retried with backoff)."""
-    meta = body["metadata"]
-    try:
-        _write_status(ctx, body, transition, th)
-    except k8s.KubeError as exc:
-        if not exc.retryable:
-            raise
-        raise _retry_later(ctx, meta["namespace"], meta["name"], body, exc) from exc
-
-
-def _retry_later(
-    ctx: Context, namespace: str, name: str, body: Body | None, exc: k8s.KubeError
-) -> RetryLater:
-    """Count the failure, say so in the status once it lasts (if the status is writable), and
-    the retry to schedule."""
-    outage = ctx.failed(namespace, name, exc)
-    delay = ctx.backoff.delay(outage.attempts, exc.retry_after)
-    logger.warning("%s/%s: sync failed (attempt %d, retrying in %.1f s): %s",
-                   namespace, name, outage.attempts, delay, exc)  # fmt: skip
-    if body is not None and outage.attempts >= OUTAGE_ATTEMPTS:
-        try:
-            _write_outage(ctx, body, outage)
-        except k8s.KubeError as again:  # not writable either: the next attempt tries again
-            logger.debug("%s/%s: outage not written: %s", namespace, name, again)
-    return RetryLater(delay, outage)
-
-
-def _write_outage(ctx: Context, body: Body, outage: Outage) -> None:
-    """Synced=False ApiUnavailable (and phase Pending for an object that has none yet)."""
-    meta = body["metadata"]
-    old = body.get("status") or {}
-    message = (
-        f"ApiUnavailable since {outage.since}: {outage.error}. Retrying with backoff; until "
-        "then the rest of this status may be out of date"
-    )
-    transition = conditions.Transition(
-        phase=old.get("phase") or "Pending",
-        message=message,
-        conditions={
-            conditions.SYNCED: conditions.Cond("False", conditions.API_UNAVAILABLE, message)
-        },
-    )
-    new = conditions.next_status(
-        old, transition, generation=None, now=ctx.clock(), tuning_hash=None
-    )
-    patch = conditions.status_patch(old, new)
-    if patch:
-        ctx.kube.patch(
-            k8s.INFERENCEDEPLOYMENTS, meta["namespace"], meta["name"], {"status": patch},
-            subresource="status",
-        )  # fmt: skip
-    for event in conditions.transition_events(old, new):
-        ctx.post_event(body, event)
-
-
 def _converge(ctx: Context, body: Body) -> str:
     meta = body["metadata"]
     transition, th = _decide(ctx, body)
-    _write_status(ctx, body, transition, th)
+    status_writes.write_status(ctx, body, transition, th)
     ctx.remember(meta["namespace"], meta["name"], transition.phase)
     return transition.phase
 
@@ -402,52 +337,3 @@ def _apply_serving(
         if desired.get("kind") == "Deployment":
             deployment = live
     return deployment
-
-
-def _write_status(
-    ctx: Context, body: Body, transition: conditions.Transition, th: str | None
-) -> None:
-    """Write the transition's status (what changed) and post its events. A sync that gets
-    this far reached the API server: a lasting outage (shown as Synced=False, or never written
-    while every write failed) is over, and the status says so (Synced=True ApiRecovered)."""
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    old = body.get("status") or {}
-    outage = ctx.outage(namespace, name)
-    lasting = outage is not None and outage.attempts >= OUTAGE_ATTEMPTS
-    if lasting or conditions.has_condition(old, conditions.SYNCED, "False"):
-        # Said now even when the outage could never be written while it lasted.
-        transition = replace(transition, conditions={
-            **transition.conditions, conditions.SYNCED: _recovery(ctx, namespace, name, old),
-        })  # fmt: skip
-    generation = meta.get("generation")
-    new = conditions.next_status(
-        old, transition, generation=generation, now=ctx.clock(), tuning_hash=th
-    )
-    patch = conditions.status_patch(old, new)
-    if patch:
-        try:
-            ctx.kube.patch(
-                k8s.INFERENCEDEPLOYMENTS, namespace, name, {"status": patch}, subresource="status"
-            )
-        except k8s.NotFound:
-            return
-    ctx.recovered(namespace, name)
-    for event in conditions.transition_events(old, new):
-        ctx.post_event(body, event)
-
-
-def _recovery(ctx: Context, namespace: str, name: str, old: Body) -> conditions.Cond:
-    """Synced=True ApiRecovered: since when the API failed (this process's record, else the
-    condition's own transition time: an operator restarted during the outage)."""
-    outage = ctx.outage(namespace, name)
-    since = outage.since if outage is not None else next(
-        (str(c.get("lastTransitionTime")) for c in old.get("conditions") or []
-         if c.get("type") == conditions.SYNCED), "?",
-    )  # fmt: skip
-    attempts = f"; {outage.attempts} attempts failed" if outage is not None else ""
-    return conditions.Cond(
-        "True", conditions.API_RECOVERED,
-        f"the Kubernetes API answers again (ApiUnavailable since {since} until {ctx.clock()}"
-        f"{attempts})",
-    )  # fmt: skip
