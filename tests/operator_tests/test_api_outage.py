@@ -144,6 +144,37 @@ async def test_an_outage_of_every_write_is_reported_once_writes_work_again(
         await runner.stop()
 
 
+async def test_the_tuner_retries_its_report_write_through_an_outage(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from infertune_operator import k8s, reconcile, tuner_job
+    from infertune_operator.api.to_request import to_request
+    from infertune_operator.report_owner import WriteAction
+    from infertune_operator.report_writer import write_report
+    from infertune_tuner.run import tune
+
+    from .apiserver import NS, SETTINGS, api_url, post
+
+    body = await post(api, "inferencedeployments", manifest("saved"))
+    obj, problems = reconcile.validate(body)
+    assert obj is not None, problems
+    report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / "study")
+    clock = faults.Clock(TIME_SCALE)
+    outage = faults.Outage(clock, duration=10, methods=frozenset({"POST"}),
+                           plurals=frozenset({"configmaps"}))  # fmt: skip
+    api.outages = [outage]
+    outcome = await asyncio.to_thread(
+        write_report, k8s.Kube.for_url(api_url(api)),
+        request=tuner_job.tuning_request(obj, SETTINGS), report=report, namespace=NS,
+        th="h", uid=body["metadata"]["uid"], backoff=BACKOFF,
+    )  # fmt: skip
+    assert outcome.action is WriteAction.CREATE  # written once the API took writes again
+    assert len(outage.failures) >= 2
+    assert get(api, "configmaps", "saved-tuning-report") is not None
+
+
 # ------------------------------------------------------------------ the pieces, alone
 
 

@@ -5,8 +5,8 @@ reads the InferenceDeployment and the report ConfigMap and asks ``report_owner.p
 whether this tuning is still the one the spec asks for; the write itself is guarded by the
 resourceVersion just read (create, or replace with that precondition), so a writer that lost a
 race (409 Conflict) reads again and decides again. A tuning result costs GPU hours: transient API
-errors (5xx, no answer, 429) are retried with ``backoff`` (:data:`WRITE_ATTEMPTS` tries, about
-five minutes) before the pod gives up and fails.
+errors (5xx, no answer, 429) are retried with ``backoff`` (:data:`WRITE_ATTEMPTS` tries over
+about four minutes) before the pod gives up and fails.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from infertune_operator.report_owner import WriteAction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
 
-WRITE_ATTEMPTS = 10  # transient failures in a row: 1 + 2 + 4 + ... capped at 60 s: ~5 min
+WRITE_ATTEMPTS = 10  # transient failures in a row; waits 1 + 2 + 4 + ... (60 s cap): ~4 min
 RACES = 5  # lost races (409) in a row: someone else keeps writing; give up rather than spin
 
 
