@@ -200,3 +200,30 @@ def test_a_report_from_before_measured_still_plots_one_point_per_configuration(
     assert len(labels) == len(set(labels)) == len(configs)
     for vertex in _front(svg):
         assert any(_near(vertex, m) for m in _markers(svg, "-meets-slo"))
+
+
+def test_a_study_of_hundreds_of_configurations_labels_the_ones_that_matter() -> None:
+    """A thousand-trial study still gets a readable plot: the chosen configuration, the front
+    and the fastest are labelled (plot.MAX_LABELS of them), the rest are markers, and the page
+    says so."""
+    from infertune_tuner.report.plot import MAX_LABELS, plot_svg
+    from infertune_tuner.report.view import Plot, Point
+    from infertune_tuner.request import SloBound
+    from infertune_tuner.result import ConfigOut
+
+    points = []
+    for tp, b in itertools.product((1, 2, 4, 8), range(1, 76)):
+        cfg = ConfigOut(tp=tp, max_batch_size=b, quantization="fp8", kv_cache_dtype="auto")
+        latency, tps = 100.0 * b, 50.0 * b / tp**0.5  # TP1 holds the front: batch 1-20
+        points.append(Point(cfg, f"tp{tp}/bs{b}/fp8/kv-auto", latency, tps, latency <= 2000,
+                            chosen=(tp, b) == (1, 20)))  # fmt: skip
+    feasible = sorted((p for p in points if p.slo_ok), key=lambda p: p.latency_ms)
+    front = [p for p in feasible if all(q.tps <= p.tps for q in feasible
+                                        if q.latency_ms <= p.latency_ms)]  # fmt: skip
+    plot = Plot(SloBound(metric="e2e_ms", percentile="p95", max_ms=2000), points, front)
+    parser = ET.XMLParser(target=ET.TreeBuilder(insert_comments=True))
+    parser.feed(plot_svg(plot, title="many", gid="pareto0"))
+    labels = _labels(parser.close())
+    assert len(points) == 300 and len(labels) == len(set(labels)) == MAX_LABELS
+    assert "tp1/bs20/fp8/kv-auto" in labels and len(front) == 20  # the chosen one, the front
+    assert {p.label for p in front} <= set(labels)

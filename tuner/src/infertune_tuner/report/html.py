@@ -6,7 +6,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from infertune_tuner.metrics import LATENCY_METRICS
-from infertune_tuner.report.plot import pareto_svgs
+from infertune_tuner.report.plot import MAX_LABELS, pareto_svgs
 from infertune_tuner.report.view import build_view, error_pct
 from infertune_tuner.result import Report
 
@@ -18,6 +18,7 @@ _env = Environment(
 )
 _env.globals["error_pct"] = error_pct
 _env.globals["latency_metrics"] = LATENCY_METRICS
+_env.globals["max_labels"] = MAX_LABELS
 
 
 def render_html(report: Report) -> str:

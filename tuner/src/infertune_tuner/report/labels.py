@@ -8,12 +8,16 @@ candidate is free does a label take the spot that overlaps least.
 
 Why not a force-directed placer (adjustText): on a 40-trial study it still left overlaps after
 600 iterations and took 3-15 s per plot; this places the same labels without an overlap in a
-fraction of a second, and the same report always gets the same picture.
+fraction of a second, and the same report always gets the same picture. A candidate's overlap
+with everything placed is one vectorised sum, so a plot of a thousand markers still places its
+labels in well under a second (the caller labels at most plot.MAX_LABELS points).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 # Distances (display pixels) from the point to the nearest corner or edge of its label.
 RADII = (4.0, 10.0, 18.0, 28.0, 40.0, 55.0, 72.0, 92.0, 115.0, 140.0, 170.0)
@@ -72,16 +76,21 @@ def place(
         obstacles: What no label may cover (the markers, the chosen configuration's ring).
         bounds: The plot area every label stays inside.
     """
-    taken = list(obstacles)
+    # Every box placed so far (obstacles first), one row each: x0, y0, x1, y1.
+    taken = np.zeros((len(obstacles) + len(anchors), 4))
+    for i, o in enumerate(obstacles):
+        taken[i] = (o.x0, o.y0, o.x1, o.y1)
+    n = len(obstacles)
     out: list[Placed] = []
     for (x, y), (w, h) in zip(anchors, sizes, strict=True):
         best: tuple[float, Box, float] | None = None
+        rows = taken[:n]
         for r in RADII:
             for d in DIRECTIONS:
                 box = _candidate(x, y, w, h, r, d)
                 if not box.inside(bounds):
                     continue
-                cost = sum(box.overlap(t) for t in taken)
+                cost = _overlap(box, rows)
                 if best is None or cost < best[0]:
                     best = (cost, box, r)
                 if cost == 0:
@@ -92,5 +101,16 @@ def place(
             box = _candidate(x, y, w, h, RADII[0], DIRECTIONS[0])
             best = (0.0, box, RADII[0])
         out.append(Placed(best[1], best[2] >= LEADER_FROM))
-        taken.append(best[1])
+        b = best[1]
+        taken[n] = (b.x0, b.y0, b.x1, b.y1)
+        n += 1
     return out
+
+
+def _overlap(box: Box, rows: np.ndarray) -> float:
+    """The area `box` shares with all of `rows` together (Box.overlap, summed)."""
+    if not len(rows):
+        return 0.0
+    w = np.minimum(box.x1, rows[:, 2]) - np.maximum(box.x0, rows[:, 0])
+    h = np.minimum(box.y1, rows[:, 3]) - np.maximum(box.y0, rows[:, 1])
+    return float(np.sum(np.where((w > 0) & (h > 0), w * h, 0.0)))

@@ -2,7 +2,10 @@
 
 One plot per SLO bound (view.Plot). Every measured configuration is one point, labelled with
 its full configuration (TP, batch, weights, KV cache: two points never share a label); the
-dashed front joins the SLO-meeting points only; the chosen one is ringed. Labels sit beside
+dashed front joins the SLO-meeting points only; the chosen one is ringed. A study of more than
+MAX_LABELS measured configurations labels the chosen one, the front and then the fastest, up to
+MAX_LABELS (a thousand labels cover the plot and each other; the report's tables list every
+configuration), and says so under the plot. Labels sit beside
 their points on no marker and no other label (labels.py); a far one gets a leader line.
 
 The SVG keeps what a test or a tool needs to read it back: the groups ``meets-slo``,
@@ -27,7 +30,9 @@ if TYPE_CHECKING:
 DPI = 100
 MARKER_SIZE = 36  # points^2 (matplotlib's default scatter size)
 CHOSEN_SIZE = 220  # points^2: the ring around the chosen configuration
-HEIGHT_PER_POINT = 0.1  # inches of plot height per point beyond 12: their labels need room
+HEIGHT_PER_POINT = 0.1  # inches of plot height per labelled point beyond 12: labels need room
+# Labels per plot, at most: 60 labels of ~30 characters fill the plot grown to its 9.6 inches.
+MAX_LABELS = 60
 MARKER_PAD = 1.5  # pixels kept clear around a marker
 
 
@@ -41,21 +46,34 @@ def _priority(p: Point) -> tuple[int, float]:
     return (0 if p.chosen else 1, -p.tps)
 
 
+def labelled(plot: Plot) -> list[int]:
+    """The indexes of the points that get a label, the first placed first: every point when
+    there are at most MAX_LABELS, else the chosen one, the front, then the fastest."""
+    front = {id(p) for p in plot.front}
+    chosen = sorted(
+        range(len(plot.points)),
+        key=lambda i: (_priority(plot.points[i])[0], id(plot.points[i]) not in front,
+                       _priority(plot.points[i])[1]),
+    )[:MAX_LABELS]  # fmt: skip
+    return sorted(chosen, key=lambda i: _priority(plot.points[i]))
+
+
 def _place_labels(ax: Axes, plot: Plot, gid: str) -> list[Text]:
     fig = ax.figure
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-    order = sorted(range(len(plot.points)), key=lambda i: _priority(plot.points[i]))
+    order = labelled(plot)
     to_px = ax.transData.transform
     anchors = [tuple(to_px((p.latency_ms, p.tps))) for p in plot.points]
-    texts: list[Text] = []
-    for i, p in enumerate(plot.points):
+    texts: dict[int, Text] = {}
+    for i in sorted(order):
+        p = plot.points[i]
         text = ax.text(p.latency_ms, p.tps, p.label, fontsize=7, ha="left", va="bottom", zorder=5)
         text.set_gid(f"{gid}-label-{i}")
-        texts.append(text)
-    sizes = []
-    for t in texts:
+        texts[i] = text
+    sizes = {}
+    for i, t in texts.items():
         extent = t.get_window_extent(renderer)
-        sizes.append((extent.width + 2, extent.height + 1))
+        sizes[i] = (extent.width + 2, extent.height + 1)
     obstacles = []
     for i, (x, y) in enumerate(anchors):
         r = _radius(CHOSEN_SIZE if plot.points[i].chosen else MARKER_SIZE)
@@ -72,7 +90,7 @@ def _place_labels(ax: Axes, plot: Plot, gid: str) -> list[Text]:
             end = (min(max(x, b.x0), b.x1), min(max(y, b.y0), b.y1))  # nearest point of the box
             (xs, ys) = zip(to_data((x, y)), to_data(end), strict=True)
             ax.plot(xs, ys, c="#8d99ae", lw=0.6, zorder=1.5)
-    return texts
+    return [texts[i] for i in sorted(texts)]
 
 
 def figure(plot: Plot, *, title: str, gid: str = "pareto") -> tuple[Figure, list[Text]]:
@@ -83,7 +101,7 @@ def figure(plot: Plot, *, title: str, gid: str = "pareto") -> tuple[Figure, list
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    height = 4.8 + HEIGHT_PER_POINT * max(0, len(plot.points) - 12)
+    height = 4.8 + HEIGHT_PER_POINT * max(0, min(len(plot.points), MAX_LABELS) - 12)
     fig, ax = plt.subplots(figsize=(8, height), dpi=DPI)
     ok = [p for p in plot.points if p.slo_ok]
     bad = [p for p in plot.points if not p.slo_ok]
