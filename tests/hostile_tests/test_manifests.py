@@ -227,6 +227,11 @@ STRICT: list[tuple[str, Edit, str]] = [
         put("spec.model.source", {"uri": "hf://a/b", "tokenSecretRef": {"name": "Bad_Name"}}),
         "spec.model.source.tokenSecretRef.name",
     ),
+    (
+        "custom-model-no-weights-triton",
+        both(put("spec.model.name", "my-model"), arch(), put(f"{T}.backend", "triton")),
+        "spec.model.source.uri: no weights to load for 'my-model'",
+    ),
     ("arch-heads-0", arch(heads=0), f"{A}.heads"),
     ("arch-kv-not-dividing", arch(kvHeads=3), "must be a multiple of kvHeads"),
     ("arch-hidden-not-dividing", arch(hiddenSize=4100), "must be a multiple of heads"),
@@ -389,3 +394,26 @@ def test_tune_takes_whole_floats_as_the_cluster_does(tmp_path: Path) -> None:
 def test_a_valid_manifest_is_valid(tmp_path: Path) -> None:
     """The corpus's base manifest passes: the cases fail for their edit alone."""
     check(invoke(["validate", manifest(tmp_path)]), 0, "valid InferenceDeployment 'hostile'")
+
+
+def test_a_custom_architecture_without_weights_tunes_simulated_and_renders_no_real_server(
+    tmp_path: Path,
+) -> None:
+    """A model described only by its architecture has no weights: the simulated pool tunes it
+    and serves it, while real trials and a real server are refused with the fix, never a
+    traceback."""
+    spec = manifest(tmp_path, put("spec.model.name", "my-model"), arch())
+    check(
+        invoke(["tune", spec, "--out", tmp_path / "sim", "--no-progress"]), 0, "3 trials executed"
+    )
+    out = tmp_path / "real"
+    real = invoke(["tune", spec, "--out", out, "--no-progress", "--backend", "triton"])
+    check(real, 2, "spec.model.source.uri: no weights to load for 'my-model'")
+    assert not (out / "report.json").exists()
+    config = "tp=1,max_batch_size=8,quantization=bf16,kv_cache_dtype=auto"
+    check(invoke(["render", spec, "--config", config, "--no-simulated"]), 2,
+          "Set spec.model.source.uri")  # fmt: skip
+    sim = invoke(["render", spec, "--config", config, "--simulated"])
+    check(sim, 0, "kind: Deployment")
+    model_yaml = next(d for d in yaml.safe_load_all(sim.output) if d["kind"] == "ConfigMap")
+    assert yaml.safe_load(model_yaml["data"]["model.yaml"])["model"] == "my-model"

@@ -257,19 +257,23 @@ def render(
     except ValueError as exc:
         raise InputError(str(exc)) from None
     runtime = None if simulated is None else SimulatedRuntime() if simulated else TritonRuntime()
-    _check_servable(obj, config)
+    _check_servable(obj, config, weights=simulated is not True)
     objects = render_serving(obj, config, settings, runtime=runtime)
     sys.stdout.write(yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False))
 
 
-def _check_servable(obj: Any, config: TrialConfig) -> None:
-    """What `predict` would say against this configuration: render nothing that cannot run."""
+def _check_servable(obj: Any, config: TrialConfig, *, weights: bool) -> None:
+    """What `predict` would say against this configuration: render nothing that cannot run
+    (`weights`: the rendered server loads real weights, unless the spec says simulated)."""
+    from infertune_operator.api.feasibility import weights_problem
     from infertune_operator.api.to_request import to_request
     from infertune_tuner.servable import config_problems, fit_problem
 
     request = to_request(obj)
     arch, gpu = request.resolve_model(), request.resolve_gpu()
     problems = config_problems(arch, gpu, config, max_gpus=request.gpu.max_gpus_per_replica)
+    if weights and (missing := weights_problem(request, "triton")) is not None:
+        problems.append(str(missing))
     if not problems:
         too_long = arch.context_problem(request.work.input_tokens, request.work.output_tokens)
         fit = too_long or fit_problem(arch, gpu, config, request.work)

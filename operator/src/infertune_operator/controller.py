@@ -27,7 +27,9 @@ from infertune_operator import (
     tuner_workers,
 )
 from infertune_operator.api.advisories import advisories
+from infertune_operator.api.feasibility import weights_problem
 from infertune_operator.api.models import InferenceDeployment
+from infertune_operator.api.to_request import to_request
 from infertune_operator.context import (
     IN_FLIGHT as IN_FLIGHT,
 )
@@ -132,6 +134,9 @@ def _decide(
         return reconcile.invalid_spec(problems), None
     if (problem := tuner_workers.parallel_problem(obj, ctx.settings)) is not None:
         return reconcile.invalid_spec([problem]), None
+    request = to_request(obj, default_backend=ctx.settings.default_backend)
+    if (weights := weights_problem(request, request.tuning.backend)) is not None:
+        return reconcile.invalid_spec([str(weights)]), None
     th = reconcile.tuning_hash(body["spec"], ctx.settings)
     config = reconcile.config_from_status(body.get("status"), th)
     tuned: reconcile_serving.TunedReport | None = None

@@ -11,7 +11,21 @@ from infertune_operator.api.manifest import Problem
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
 from infertune_tuner.errors import InputError
+from infertune_tuner.request import TuningRequest
+from infertune_tuner.runtime.weights import unloadable
 from infertune_tuner.storage import storage_url_problem
+
+# The backend whose trials and serving pods load real weights (triton:simulated and triton:torch
+# serve infertune's own model and load none).
+WEIGHTS_BACKEND = "triton"
+
+
+def weights_problem(request: TuningRequest, backend: str) -> Problem | None:
+    """Why the request's weights cannot be loaded on `backend`, or None (`validate`, `tune` and
+    the operator ask the same)."""
+    if backend != WEIGHTS_BACKEND or (why := unloadable(request)) is None:
+        return None
+    return Problem("spec.model.source.uri", why)
 
 
 def feasibility_problems(
@@ -28,6 +42,8 @@ def feasibility_problems(
         problems.append(Problem("spec.tuning.storage", why))
     request = to_request(obj) if backend is None else to_request(obj, default_backend=backend)
     backend = backend or request.tuning.backend
+    if (weights := weights_problem(request, backend)) is not None:
+        problems.append(weights)
     model, gpu = request.resolve_model(), request.resolve_gpu()
     try:
         space = build_space(request, model, gpu, backend)

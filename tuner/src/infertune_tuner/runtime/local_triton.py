@@ -43,7 +43,7 @@ from infertune_tuner.pymodel.spec import BODY_FILE, BodyKind, BodySpec
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import SERVED_MODEL, PlainServer, Ports
 from infertune_tuner.runtime.triton import repository_files
-from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, served_path, weights_uri
+from infertune_tuner.runtime.weights import unloaded_path
 
 BINARY_ENV = "INFERTUNE_TRITONSERVER"
 STUB_PATH_ENV = "INFERTUNE_STUB_PATH"
@@ -185,11 +185,7 @@ class LocalTritonRuntime(PlainServer):
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Triton's files (a quantization without a checkpoint points at the base model: no
         weights are loaded) and body.json."""
-        try:
-            model = served_path(weights_uri(request, config))
-        except MissingCheckpoint:
-            model = served_path(base_uri(request))
-        files = repository_files(request, config, model)
+        files = repository_files(request, config, unloaded_path(request, config))
         spec = BodySpec.of(
             self.body, request.resolve_model(), request.resolve_gpu().key, config,
             request.workload.input_tokens + request.workload.output_tokens, self.time_scale,

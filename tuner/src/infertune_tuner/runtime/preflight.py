@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.runtime.weights import hub_repo, served_path, trial_weights
+from infertune_tuner.runtime.weights import hub_repo, served_path, trial_weights, unloadable
 
 if TYPE_CHECKING:
     from infertune_tuner.runtime.triton import TritonRuntime
@@ -61,6 +61,8 @@ def preflight_problems(runtime: TritonRuntime, request: TuningRequest) -> list[s
         out.append(f"{gpus} GPU(s) visible, fewer than the largest tensorParallel searched "
                    f"({largest}): request {largest} GPUs or search smaller TP sizes")  # fmt: skip
     hub = False
+    if (nothing := unloadable(request)) is not None:
+        return [*out, nothing]
     for uri in trial_weights(request):
         if hub_repo(uri) is not None:
             hub = True

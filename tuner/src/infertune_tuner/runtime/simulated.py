@@ -17,8 +17,8 @@ from pathlib import Path
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import SERVED_MODEL, PlainServer, PodShape, Ports
-from infertune_tuner.runtime.triton import TritonRuntime, repository_files
-from infertune_tuner.runtime.weights import MissingCheckpoint, base_uri, served_path
+from infertune_tuner.runtime.triton import repository_files
+from infertune_tuner.runtime.weights import unloaded_path
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,7 @@ class SimulatedRuntime(PlainServer):
     def model_files(self, request: TuningRequest, config: TrialConfig) -> dict[str, str]:
         """Triton's files; a quantization without a checkpoint points at the base model (the
         simulated server loads no weights)."""
-        try:
-            return TritonRuntime().model_files(request, config)
-        except MissingCheckpoint:
-            return repository_files(request, config, served_path(base_uri(request)))
+        return repository_files(request, config, unloaded_path(request, config))
 
     def launch_argv(
         self, request: TuningRequest, config: TrialConfig, *, repo_dir: str, ports: Ports,
@@ -51,7 +48,8 @@ class SimulatedRuntime(PlainServer):
     ) -> list[str]:  # fmt: skip
         argv = [
             *self.program, "--host", host, "--port", str(ports.grpc),
-            "--http-port", str(ports.http), "--model", request.model.name,
+            "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),
+            "--model", request.model.name,
             "--gpu", request.gpu.product, "--tp", str(config.tp),
             "--max-batch", str(config.max_batch_size), "--quant", config.quantization,
             "--kv-dtype", config.kv_cache_dtype, "--served-model", SERVED_MODEL,

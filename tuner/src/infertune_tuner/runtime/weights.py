@@ -209,6 +209,34 @@ def trial_weights(request: TuningRequest) -> list[str]:
     return uris
 
 
+def unloaded_path(request: TuningRequest, config: TrialConfig) -> str:
+    """model.yaml's `model` for a server that loads no weights (the simulated server,
+    infertune's own Python-backend model): where `config`'s weights would be served from (the
+    base model's when the quantization has no checkpoint), or the model's name when it has no
+    weights anywhere (a custom architecture tuned on a simulated pool)."""
+    try:
+        uri = weights_uri(request, config)
+    except MissingCheckpoint:
+        uri = base_uri(request)
+    return request.model.name if uri_problem(uri) is not None else served_path(uri)
+
+
+def unloadable(request: TuningRequest) -> str | None:
+    """Why the runtime would find no weights for `request`, or None: a model named neither by a
+    catalog key with a known Hugging Face id nor by an id itself, with no spec.model.source
+    (a custom architecture, say) leaves TensorRT-LLM nothing to load. The base model counts
+    even when every searched quantization has a checkpoint: the tuner pod and a 16-bit server
+    are shaped for it."""
+    for uri in dict.fromkeys([base_uri(request), *trial_weights(request)]):
+        if (problem := uri_problem(uri)) is not None:
+            return (
+                f"no weights to load for {request.model.name!r}: {problem}. Set "
+                "spec.model.source.uri (pvc://claim/path, hf://org/name or file:///path), or "
+                "tune with spec.tuning.backend: simulated, which loads none"
+            )
+    return None
+
+
 def missing_checkpoints(request: TuningRequest, quantizations: Iterable[str]) -> list[str]:
     """The quantizations of `quantizations` that have no weights to load."""
     return [q for q in quantizations if q not in SIXTEEN_BIT and q not in request.model.checkpoints]
