@@ -149,7 +149,7 @@ async def test_tune_job_writes_the_report_configmap_and_overwrites_it(
 
     result = await _invoke_async(args)
     assert result.exit_code == 0, result.output
-    assert "no feasible config" in result.output
+    assert "No configuration met the SLO" in result.output
     written = get(api, "configmaps", "llm-tuning-report")
     assert written is not None
     assert written["metadata"]["annotations"]["infertune.io/tuning-hash"] == "h1"

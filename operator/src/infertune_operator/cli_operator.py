@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from infertune_tuner.errors import InputError
+from infertune_tuner.report.view import headline
 
 if TYPE_CHECKING:
     from infertune_operator.k8s import Kube
@@ -144,9 +145,7 @@ def tune_job(
         )
     except k8s.KubeError as exc:
         raise InputError(f"cannot write the report ConfigMap: {exc}", exit_code=1) from None
-    verdict = (
-        f"best {report.best.config.label()}" if report.best is not None else "no feasible config"
-    )
+    verdict = headline(report).text  # the report's own first sentence: found, aborted, none
     if outcome.action is WriteAction.SKIP:  # a newer tuning owns the report: exit 0, quietly
         typer.echo(f"{req.name}: {report.executed_trials} trials, {verdict}; report not "
                    f"written: {outcome.reason}")  # fmt: skip
