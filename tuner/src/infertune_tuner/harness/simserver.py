@@ -40,6 +40,7 @@ from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, TrialConfig
 from infertune_tuner.errors import EXIT_INVALID, InputError
 from infertune_tuner.harness.engine import oom_message
+from infertune_tuner.harness.sim_metrics import MeteredSimService
 from infertune_tuner.harness.sim_service import SimTritonService
 
 MAX_PORT = 65535
@@ -57,6 +58,7 @@ class SimServerConfig:
     host: str = "0.0.0.0"
     port: int = 8001
     http_port: int | None = 8000
+    metrics_port: int | None = None  # Triton's metrics endpoint (GET /metrics); None: none
 
 
 def build_config(
@@ -73,6 +75,7 @@ def build_config(
     port: int = 8001,
     http_port: int | None = 8000,
     architecture: dict[str, int] | None = None,
+    metrics_port: int | None = None,
 ) -> SimServerConfig:
     """Validate the command-line values; InputError (exit 2) for anything unknown or impossible.
 
@@ -83,6 +86,10 @@ def build_config(
         raise InputError(f"--http-port must be between -1 and {MAX_PORT}, not {http_port}")
     if http_port == -1:
         http_port = None
+    if metrics_port is not None and not -1 <= metrics_port <= MAX_PORT:
+        raise InputError(f"--metrics-port must be between -1 and {MAX_PORT}, not {metrics_port}")
+    if metrics_port == -1:
+        metrics_port = None
     if http_port is not None and http_port == port != 0:
         raise InputError(f"--http-port {http_port} is the gRPC --port too; give another")
     _check_host(host)
@@ -113,7 +120,7 @@ def build_config(
     return SimServerConfig(
         model=arch, gpu=g, config=TrialConfig(tp, max_batch, quant, kv_dtype),
         served_model=served_model, time_scale=time_scale, host=host, port=port,
-        http_port=http_port,
+        http_port=http_port, metrics_port=metrics_port,
     )  # fmt: skip
 
 
@@ -144,12 +151,15 @@ class SimServer:
         self.cfg = cfg
         self.port = cfg.port
         self.http_port = cfg.http_port
+        self.metrics_port = cfg.metrics_port
         self.service: SimTritonService | None = None
         self._server: grpc.aio.Server | None = None
         self._http: Any = None
+        self._metrics: Any = None
 
     async def start(self) -> None:
-        self.service = SimTritonService(self.cfg)
+        metered = MeteredSimService(self.cfg) if self.cfg.metrics_port is not None else None
+        self.service = metered or SimTritonService(self.cfg)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
         where = f"{self.cfg.host}:{self.cfg.port}"
@@ -172,6 +182,17 @@ class SimServer:
                     f"cannot bind the HTTP port {self.cfg.host}:{self.cfg.http_port}: "
                     f"{exc.strerror or exc} (give --http-port)"
                 ) from None
+        if metered is not None and self.cfg.metrics_port is not None:
+            try:
+                self._metrics, self.metrics_port = await _start_http(
+                    self.cfg.host, self.cfg.metrics_port, metrics=metered
+                )
+            except OSError as exc:
+                await self.stop()
+                raise OSError(
+                    f"cannot bind the metrics port {self.cfg.host}:{self.cfg.metrics_port}: "
+                    f"{exc.strerror or exc} (give --metrics-port)"
+                ) from None
 
     async def stop(self, grace: float = 0.5) -> None:
         if self.service is not None:
@@ -182,6 +203,9 @@ class SimServer:
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
+        if self._metrics is not None:
+            await self._metrics.cleanup()
+            self._metrics = None
 
     async def __aenter__(self) -> SimServer:
         await self.start()
@@ -195,15 +219,25 @@ def _grpc_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-async def _start_http(host: str, port: int) -> tuple[Any, int]:
+async def _start_http(
+    host: str, port: int, *, metrics: MeteredSimService | None = None
+) -> tuple[Any, int]:
+    """The health endpoints; with ``metrics``, Triton's metrics endpoint instead."""
     from aiohttp import web
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(status=200)
 
     app = web.Application()
-    app.router.add_get("/v2/health/live", ok)
-    app.router.add_get("/v2/health/ready", ok)
+    if metrics is not None:
+
+        async def scrape(_: web.Request) -> web.Response:
+            return web.Response(text=metrics.metrics_text(), content_type="text/plain")
+
+        app.router.add_get("/metrics", scrape)
+    else:
+        app.router.add_get("/v2/health/live", ok)
+        app.router.add_get("/v2/health/ready", ok)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=False)
@@ -226,7 +260,10 @@ async def serve(cfg: SimServerConfig, stop: asyncio.Event | None = None) -> None
     print(
         f"simserver: serving {cfg.served_model!r} ({cfg.model.key} on {cfg.gpu.key}, "
         f"{cfg.config.label()}, time scale {cfg.time_scale:g}) on gRPC {cfg.host}:{server.port}"
-        + (f", HTTP {cfg.host}:{server.http_port}" if server.http_port is not None else ""),
+        + (f", HTTP {cfg.host}:{server.http_port}" if server.http_port is not None else "")
+        + (
+            f", metrics {cfg.host}:{server.metrics_port}" if server.metrics_port is not None else ""
+        ),
         flush=True,
     )
     try:

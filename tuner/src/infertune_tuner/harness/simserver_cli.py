@@ -26,6 +26,10 @@ def simserver(
             "0: any free port; -1: none)."
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Triton's metrics endpoint, GET /metrics (default: none; -1: none)."),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
     tp: Annotated[int, typer.Option(help="Tensor parallel size.")] = 1,
     quant: QuantOption = "bf16",
@@ -48,7 +52,7 @@ def simserver(
         model=model, gpu=gpu, tp=tp, max_batch=max_batch, quant=quant, kv_dtype=kv_dtype,
         served_model=served_model, time_scale=time_scale, host=host, port=port,
         http_port=sim.default_http_port(port) if http_port is None else http_port,
-        architecture=sim.parse_architecture(architecture),
+        architecture=sim.parse_architecture(architecture), metrics_port=metrics_port,
     )  # fmt: skip
     code = sim.run(cfg)
     if code:
