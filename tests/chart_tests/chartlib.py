@@ -92,6 +92,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"get", "list", "watch", "create", "patch", "update"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "pods/log"): {"get"},
+    ("", "pods/proxy"): {"get"},  # the serving pods' metrics (observe.podProxy, on by default)
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("", "serviceaccounts"): {"get", "create"},

@@ -75,7 +75,7 @@ def test_operator_pod_is_hardened(render, lib, value_set):
 
 def test_env_names_are_exactly_those_settings_reads(render, lib):
     names = lib.settings_env_names()
-    assert len(names) == 13, names  # settings.py is the contract; update both together
+    assert len(names) == 14, names  # settings.py is the contract; update both together
     for value_set in ("default", "custom", "storage-url"):
         env = lib.env_of(lib.operator_container(render(value_set)))
         assert set(env) <= names, set(env) - names

@@ -43,7 +43,7 @@ from infertune_operator.settings import Settings
 from infertune_tuner.result import Report
 
 from . import apply_emulation as emulation
-from . import faults
+from . import faults, pod_proxy
 
 NS = "team-a"
 IDF_PATH = "infertune.io/v1alpha1/inferencedeployments"
@@ -80,8 +80,13 @@ class FakeApiServer(kmock.KubernetesEmulator):
 
     _rv = itertools.count(1000)
     outages: list[faults.Outage]
+    # The API server's pod proxy (pods/<pod>:<port>/proxy/...): (namespace, pod, port) -> the
+    # local URL of what that pod serves there (serving.py registers a serving pod's metrics).
+    proxies: dict[tuple[str, str, int], str]
 
     async def _handle(self, request: Any) -> Any:
+        if "/proxy/" in request.url.path:
+            return await pod_proxy.forward(getattr(self, "proxies", {}), request.url.path)
         for outage in getattr(self, "outages", []):
             plural = request.resource.plural if request.resource is not None else None
             if outage.active() and outage.matches(request.method.value, plural,
@@ -282,14 +287,27 @@ def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
     return {}
 
 
-def creations(api: FakeApiServer, plural: str) -> int:
+def creations(api: FakeApiServer, plural: str, component: str | None = None) -> int:
+    """Create requests of ``plural`` (of one ``app.kubernetes.io/component`` when given)."""
     return sum(
         1
         for r in api
         if r.action == enums.action.CREATE
         and r.resource is not None
         and r.resource.plural == plural
+        and (component is None or _component(r.data) == component)
     )
+
+
+def _component(data: Any) -> str | None:
+    labels = ((data if isinstance(data, dict) else {}).get("metadata") or {}).get("labels") or {}
+    value = labels.get("app.kubernetes.io/component")
+    return str(value) if value is not None else None
+
+
+def tuner_jobs_created(api: FakeApiServer) -> int:
+    """Tuner Jobs created (verification and retune Jobs are counted apart)."""
+    return creations(api, "jobs", "tuner")
 
 
 async def wait_for(
@@ -584,11 +602,13 @@ async def make_available(api: FakeApiServer, name: str, replicas: int) -> None:
     await patch(api, "deployments", name, {"status": status}, sub="status")
 
 
-def jobs_of(api: FakeApiServer, name: str) -> list[dict[str, Any]]:
+def jobs_of(api: FakeApiServer, name: str, component: str = "tuner") -> list[dict[str, Any]]:
+    """The Jobs of one component (tuner, verification, retune) of InferenceDeployment ``name``."""
     return [
         j
         for j in objects(api, "jobs")
         if (j["metadata"].get("labels") or {}).get("infertune.io/deployment") == name
+        and (j["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == component
     ]
 
 

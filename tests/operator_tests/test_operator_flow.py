@@ -21,7 +21,6 @@ from .apiserver import (
     OperatorRunner,
     condition,
     create,
-    creations,
     delete,
     events_for,
     finish_job,
@@ -37,6 +36,7 @@ from .apiserver import (
     seed_report,
     start_job,
     start_operator,
+    tuner_jobs_created,
     wait_for,
     warning_events,
 )
@@ -157,7 +157,7 @@ async def test_create_tunes_deploys_and_becomes_ready(
         what="transition events",
     )  # fmt: skip
     assert "InvalidSpec" not in reasons
-    assert creations(api, "jobs") == 1
+    assert tuner_jobs_created(api) == 1
 
 
 async def test_serving_only_change_patches_deployment_without_retuning(
@@ -176,7 +176,7 @@ async def test_serving_only_change_patches_deployment_without_retuning(
     await make_available(api, "svc", 3)
     await wait_for(lambda: phase(api, "svc") == "Ready", what="phase Ready (3/3)")
     assert len(jobs_of(api, "svc")) == 1
-    assert creations(api, "jobs") == 1
+    assert tuner_jobs_created(api) == 1
     assert _idf(api, "svc")["status"]["tuningHash"] == hash_before
 
 
@@ -240,11 +240,11 @@ async def test_job_failure_reports_the_pod_reason(
     warnings = await warning_events(api, "oom", "TuningJobFailed")
     assert "OOMKilled" in warnings[0]["message"]
     assert get(api, "deployments", "oom") is None
-    assert creations(api, "jobs") == 1  # a failed tuning is not retried endlessly
+    assert tuner_jobs_created(api) == 1  # a failed tuning is not retried endlessly
 
     # To retry the same spec, delete the failed Job: the operator starts it again.
     await delete(api, "jobs", job_name)
-    await wait_for(lambda: creations(api, "jobs") == 2 and jobs_of(api, "oom"), what="a new Job")
+    await wait_for(lambda: tuner_jobs_created(api) == 2 and jobs_of(api, "oom"), what="a new Job")
     await wait_for(lambda: phase(api, "oom") == "Pending", what="phase Pending again")
 
 
@@ -308,12 +308,12 @@ async def test_operator_restart_mid_tuning_adopts_the_job(
             timeout=5,
             what="the restarted operator to look up the running Job",
         )
-        assert creations(api, "jobs") == 1
+        assert tuner_jobs_created(api) == 1
         assert [j["metadata"]["name"] for j in jobs_of(api, "restart")] == [job["metadata"]["name"]]
         await run_tuner(api, job, tmp_path)
         await finish_job(api, job["metadata"]["name"])
         await wait_for(lambda: phase(api, "restart") == "Deploying", what="phase Deploying")
-        assert creations(api, "jobs") == 1
+        assert tuner_jobs_created(api) == 1
     finally:
         await second.stop()
 
@@ -406,7 +406,7 @@ async def test_existing_report_for_the_same_hash_is_reused_without_a_job(
     await create(api, body)
     await wait_for(lambda: phase(api, "reuse") == "Deploying", what="phase Deploying")
     assert jobs_of(api, "reuse") == []
-    assert creations(api, "jobs") == 0
+    assert tuner_jobs_created(api) == 0
     assert objects(api, "deployments")
 
 

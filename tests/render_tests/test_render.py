@@ -277,8 +277,9 @@ def test_simulated_variant_has_no_gpu() -> None:
     cmd = c["command"]
     flags = dict(zip(cmd[2::2], cmd[3::2], strict=True))
     assert flags == {
-        "--host": "0.0.0.0", "--port": "8001", "--http-port": "8000", "--model": "llama-2-70b",
-        "--gpu": "H100-SXM-80GB", "--tp": "2", "--max-batch": "128", "--quant": "fp8",
+        "--host": "0.0.0.0", "--port": "8001", "--http-port": "8000", "--metrics-port": "8002",
+        "--model": "llama-2-70b", "--gpu": "H100-SXM-80GB", "--tp": "2", "--max-batch": "128",
+        "--quant": "fp8",
         "--kv-dtype": "auto", "--served-model": "llm",
     }  # fmt: skip
     assert "nvidia.com/gpu" not in str(c["resources"])

@@ -101,7 +101,8 @@ def test_the_trial_and_the_deployment_run_the_same_simulated_server(tmp_path: Pa
 
     def flags(argv: list[str]) -> dict[str, str]:
         pairs = dict(zip(argv[2::2], argv[3::2], strict=True))
-        return {k: v for k, v in pairs.items() if k not in ("--host", "--port", "--http-port")}
+        ports = ("--host", "--port", "--http-port", "--metrics-port")
+        return {k: v for k, v in pairs.items() if k not in ports}
 
     assert plan.command[:2] == command[:2] == ["infertune", "simserver"]
     assert flags(plan.command) == flags(command)

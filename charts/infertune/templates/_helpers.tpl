@@ -151,6 +151,13 @@ No wildcards: a test renders the chart and fails on any "*".
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
+{{- if .Values.observe.podProxy }}
+# The observed workload: each serving pod's metrics endpoint (port 8002), read through the API
+# server's pod proxy (docs/operator.md, The observed workload).
+- apiGroups: [""]
+  resources: ["pods/proxy"]
+  verbs: ["get"]
+{{- end }}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]

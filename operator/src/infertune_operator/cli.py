@@ -116,6 +116,7 @@ COMMANDS: tuple[Callable[..., Any], ...] = (
     cli_harness.render,
     cli_operator.operator,
     cli_operator.tune_job,
+    cli_operator.verify_job,
     cli_operator.report,
 )
 for _command in COMMANDS:

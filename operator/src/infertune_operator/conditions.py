@@ -19,10 +19,13 @@ from infertune_operator.naming import Body
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 TUNED, DEPLOYED, READY = "Tuned", "Deployed", "Ready"
+# After rollout: the served configuration's load test, and the live workload against the tuned
+# one (verification.py, drift.py).
+VERIFIED, WORKLOAD_DRIFTED, SLO_AT_RISK = "Verified", "WorkloadDrifted", "SloAtRisk"
 # Whether the operator reaches the API server for this object; only set once it did not (an
 # object that never met an outage has no Synced condition).
 SYNCED = "Synced"
-CONDITION_TYPES = (TUNED, DEPLOYED, READY, SYNCED)
+CONDITION_TYPES = (TUNED, DEPLOYED, READY, VERIFIED, WORKLOAD_DRIFTED, SLO_AT_RISK, SYNCED)
 
 # Condition reasons.
 INVALID_SPEC = "InvalidSpec"
@@ -41,10 +44,27 @@ CANNOT_SERVE = "CannotServe"
 APPLY_FAILED = "ApplyFailed"  # the API server refused an object (4xx): the message says why
 API_UNAVAILABLE = "ApiUnavailable"  # Synced=False: the API server keeps failing (5xx, 429, ...)
 API_RECOVERED = "ApiRecovered"  # Synced=True: it answers again after an outage
+# Verified (verification.py): True when the serving pod measured what the tuning did.
+VERIFICATION_PENDING = "VerificationPending"  # Unknown: waiting for the rollout to verify
+VERIFICATION_RUNNING = "VerificationRunning"  # Unknown: the verification Job runs
+VERIFICATION_DISABLED = "VerificationDisabled"  # Unknown: spec.serving.verification.enabled false
+MATCHES_TUNED = "MatchesTuned"  # True
+BELOW_TUNED = "BelowTuned"  # False: tok/s/GPU more than the noise below the tuned number
+SLO_MISSED = "SloMissed"  # False: an SLO bound missed under the tuned workload
+VERIFICATION_FAILED = "VerificationFailed"  # False: no valid measurement (the message says why)
+# WorkloadDrifted and SloAtRisk (drift.py).
+WORKLOAD_AS_TUNED = "WorkloadAsTuned"  # WorkloadDrifted=False
+WORKLOAD_CHANGED = "WorkloadChanged"  # WorkloadDrifted=True, with the numbers
+SLO_HELD = "SloHeld"  # SloAtRisk=False
+LIVE_SLO_MISSED = "LiveSloMissed"  # SloAtRisk=True, with the numbers
+NOT_OBSERVED = "NotObserved"  # Unknown: no metrics (observation off, no pod, not exposed)
 WARNING_REASONS = frozenset({
     INVALID_SPEC, NO_FEASIBLE_CONFIG, TUNING_JOB_FAILED, TUNING_DEADLINE_EXCEEDED, CANNOT_SERVE,
-    APPLY_FAILED, API_UNAVAILABLE,
+    APPLY_FAILED, API_UNAVAILABLE, BELOW_TUNED, SLO_MISSED, VERIFICATION_FAILED,
+    WORKLOAD_CHANGED, LIVE_SLO_MISSED,
 })  # fmt: skip
+# Bookkeeping transitions that post no event (the outcome that follows does).
+QUIET_REASONS = frozenset({AWAITING_TUNING, VERIFICATION_PENDING, VERIFICATION_RUNNING})
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,9 @@ class Transition:
     message: str
     conditions: dict[str, Cond]
     fields: InferenceDeploymentStatus = field(default_factory=InferenceDeploymentStatus)
+    # Events that are no condition's transition (a retune rolled out), posted once the status
+    # that records them is written.
+    events: tuple[Event, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,7 +102,7 @@ def set_conditions(
     generation: int | None,
     now: str,
 ) -> list[Body]:
-    """The conditions after ``updates``, in Tuned, Deployed, Ready order.
+    """The conditions after ``updates``, in :data:`CONDITION_TYPES` order.
 
     Args:
         old: The object's conditions (as stored).
@@ -154,7 +177,7 @@ def transition_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
         prev = before.get(c["type"])
         if prev and prev.get("status") == c["status"] and prev.get("reason") == c["reason"]:
             continue
-        if c["reason"] == AWAITING_TUNING:
+        if c["reason"] in QUIET_REASONS:
             continue  # bookkeeping, not news
         kind: Literal["Normal", "Warning"] = (
             "Warning" if c["reason"] in WARNING_REASONS else "Normal"

@@ -22,8 +22,10 @@ from typing import Any
 
 from infertune_operator import conditions, k8s
 from infertune_operator.backoff import Backoff
+from infertune_operator.drift import Persistence
 from infertune_operator.naming import Body
 from infertune_operator.settings import Settings
+from infertune_operator.workload_window import Window
 
 logger = logging.getLogger("infertune.operator")
 
@@ -51,6 +53,18 @@ class Outage:
     since: str  # when the first of them failed (RFC 3339)
     attempts: int
     error: str  # the last error, as the API server said it
+
+
+@dataclass
+class Observation:
+    """What the observer remembers of one object between its reads (observer.py): the scrapes
+    of the window, and since when drift and SLO misses have held. ``served``: the tuning and
+    configuration they are about (a new rollout starts afresh)."""
+
+    served: tuple[str, str]
+    window: Window = field(default_factory=Window)
+    drift: Persistence = field(default_factory=Persistence)
+    risk: Persistence = field(default_factory=Persistence)
 
 
 class RetryLater(Exception):
@@ -84,8 +98,33 @@ class Context:
     _claimed: dict[Key, tuple[str | None, int | None]] = field(default_factory=dict)
     _outages: dict[Key, Outage] = field(default_factory=dict)
     _retries: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    _observations: dict[Key, Observation] = field(default_factory=dict)
     _kopf_context: contextvars.Context | None = None
     _writer: ThreadPoolExecutor | None = None
+
+    @property
+    def time_scale(self) -> float:
+        """How much faster than real time the operator's clocks run (1.0 in production; tests
+        shorten windows and delays with the backoff's scale)."""
+        return self.backoff.time_scale
+
+    def observation(self, namespace: str, name: str, served: tuple[str, str]) -> Observation:
+        """The observer's memory of one object, new when what it serves changed."""
+        key = (namespace, name)
+        with self._guard:
+            memory = self._observations.get(key)
+            if memory is None or memory.served != served:
+                memory = self._observations[key] = Observation(served)
+            return memory
+
+    def forget_observation(self, namespace: str, name: str) -> None:
+        with self._guard:
+            self._observations.pop((namespace, name), None)
+
+    def serving(self) -> list[Key]:
+        """The objects the observer reads: those whose last sync left them Ready."""
+        with self._guard:
+            return [k for k, phase in self._phases.items() if phase == "Ready"]
 
     def capture_kopf_context(self) -> None:
         """Remember a handler's context: Kopf's event posting lives in context variables."""
@@ -138,6 +177,7 @@ class Context:
                 self._synced.discard(key)
                 self._claimed.pop(key, None)
                 self._outages.pop(key, None)
+                self._observations.pop(key, None)
                 task = self._retries.pop(key, None)
                 if task is not None and self.loop is not None:
                     self.loop.call_soon_threadsafe(task.cancel)

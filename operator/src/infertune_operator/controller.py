@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import replace
 
 from infertune_operator import (
     conditions,
+    creates,
     k8s,
     naming,
     reconcile,
     reconcile_serving,
     report_owner,
     report_store,
+    retune_sync,
     status_writes,
     tuner_deadline,
     tuner_job,
     tuner_outcome,
     tuner_workers,
+    verify_sync,
 )
 from infertune_operator.api.advisories import advisories
 from infertune_operator.api.feasibility import weights_problem
@@ -53,10 +57,6 @@ logger = logging.getLogger("infertune.operator")
 
 class _NotNew(Exception):
     """The create shortcut found something that already exists: converge the long way."""
-
-
-class _NotOurs(Exception):
-    """An object we would create exists under its name, and no InferenceDeployment owns it."""
 
 
 def sync(
@@ -166,6 +166,8 @@ def _decide(
             return reconcile.no_feasible_config(report, cm_name, total), th
         config = reconcile.best_config(report)
         tuned = reconcile_serving.TunedReport(report, cm_name, total)
+    retuned, retune_fields, events = retune_sync.follow(ctx, obj, body, th, config)
+    config = retuned or config  # a rolled-out retune serves its best
     try:
         deployment = _apply_serving(ctx, obj, body, config)
     except InputError as exc:  # deterministic (e.g. no checkpoint for the winner): no retry
@@ -187,7 +189,10 @@ def _decide(
         availability=availability,
         tuned=tuned,
     )
-    return transition, th
+    if retune_fields or events:
+        fields = transition.fields.model_copy(update=retune_fields)
+        transition = replace(transition, fields=fields, events=events)
+    return verify_sync.verify(ctx, obj, body, th, config, transition), th
 
 
 def _tuning(
@@ -215,7 +220,7 @@ def _tuning(
     if job is None:
         try:
             job, fresh = _start_tuning(ctx, obj, body, th)
-        except _NotOurs as exc:
+        except creates.NotOurs as exc:
             return reconcile.tuning_rejected(str(exc))
         except k8s.ClientError as exc:
             if exc.retryable:
@@ -262,53 +267,15 @@ def _tuning(
 def _start_tuning(ctx: Context, obj: InferenceDeployment, body: Body, th: str) -> tuple[Body, bool]:
     """Create the request ConfigMap and the tuner Job: (the Job, whether it is new)."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    if namespace not in ctx._rbac_ready:  # once per namespace and operator process
-        with ctx._rbac_lock:
-            if namespace not in ctx._rbac_ready:
-                ctx.kube.ensure(tuner_job.tuner_service_account(namespace, ctx.settings))
-                ctx.kube.ensure(tuner_job.tuner_role_binding(namespace, ctx.settings))
-                ctx._rbac_ready.add(namespace)
-    _create_owned(ctx, tuner_job.request_configmap(obj, body, th, ctx.settings), body)
-    job, created = _create_owned(ctx, tuner_job.tuner_job(obj, body, th, ctx.settings), body)
+    creates.ensure_tuner_rbac(ctx, namespace)
+    creates.create_owned(ctx, tuner_job.request_configmap(obj, body, th, ctx.settings), body)
+    job, created = creates.create_owned(ctx, tuner_job.tuner_job(obj, body, th, ctx.settings), body)
     logger.info("%s/%s: tuner Job %s %s", namespace, name, job["metadata"]["name"],
                 "created" if created else "adopted")  # fmt: skip
     previous = (body.get("status") or {}).get("tuningHash")
     if previous and previous != th:  # a first tuning has nothing to supersede
         _delete_superseded(ctx, namespace, name, th)
     return job, created
-
-
-def _create_owned(ctx: Context, desired: Body, owner: Body) -> tuple[Body, bool]:
-    """Create; an existing object of the name is adopted only when this InferenceDeployment owns
-    it. One that an earlier InferenceDeployment of the same name owns (deleted and created again
-    before the garbage collector got to its objects) is deleted (only that uid) and created anew.
-
-    Returns:
-        (the object, whether it was created now). A name still held by the old object (its
-        deletion not finished) is a 409 Conflict: retried with backoff.
-    """
-    uid = owner["metadata"].get("uid")
-    live, created = ctx.kube.create(desired)
-    previous = naming.owner_uid(live)
-    if created or previous == uid:
-        return live, created
-    meta = live["metadata"]
-    if previous is None:  # someone else's object under our name: do not touch it
-        raise _NotOurs(
-            f"{desired['kind']} {meta['name']} exists and is not owned by this "
-            "InferenceDeployment; delete or rename it"
-        )
-    logger.info("%s/%s: replacing %s %s of an earlier InferenceDeployment of this name (uid %s)",
-                meta.get("namespace"), owner["metadata"]["name"], desired["kind"], meta["name"],
-                previous)  # fmt: skip
-    ctx.kube.delete(k8s.resource_of(desired), meta.get("namespace"), meta["name"], uid=meta["uid"])
-    live, created = ctx.kube.create(desired)
-    if not created and naming.owner_uid(live) != uid:
-        raise k8s.Conflict(
-            f"{desired['kind']} {meta['name']} of an earlier InferenceDeployment is still being "
-            "deleted", status=409, reason="Conflict",
-        )  # fmt: skip
-    return live, created
 
 
 def _delete_superseded(ctx: Context, namespace: str, name: str, th: str) -> None:

@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import kopf
 
-from infertune_operator import conditions, k8s, naming, tuner_outcome
+from infertune_operator import conditions, k8s, naming, observer, tuner_outcome
 from infertune_operator.api.models import GROUP, PLURAL, VERSION
 from infertune_operator.backoff import Backoff
 from infertune_operator.context import RESYNC_INTERVAL_S, Context, EventPoster, RetryLater
@@ -129,19 +129,36 @@ async def _resync_forever(ctx: Context) -> None:
                 logger.warning("%s/%s: resync failed: %s", namespace, name, exc)
 
 
+async def _observe_forever(ctx: Context) -> None:
+    """The observer (observer.py): every interval, each Ready object's live workload, one at a
+    time in the executor (a slow pod or Prometheus delays the next read, never a sync)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(ctx.settings.observe_interval_s * ctx.time_scale)
+        for namespace, name in ctx.serving():
+            try:
+                run = ctx.in_kopf_context()
+                call = functools.partial(run, observer.observe, ctx, namespace, name)
+                await loop.run_in_executor(None, call)
+            except Exception as exc:  # keep observing the others
+                logger.warning("%s/%s: observing failed: %s", namespace, name, exc)
+
+
 async def start_resync(memo: Any, **_: Any) -> None:
     ctx = _ctx(memo)
     ctx.loop = asyncio.get_running_loop()  # where retries are scheduled
     ctx.retry_sync = functools.partial(sync_or_retry, ctx)
     memo.resync_task = asyncio.create_task(_resync_forever(ctx), name="infertune resync")
+    memo.observe_task = asyncio.create_task(_observe_forever(ctx), name="infertune observer")
 
 
 async def stop_resync(memo: Any, **_: Any) -> None:
-    task = getattr(memo, "resync_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    for attr in ("resync_task", "observe_task"):
+        task = getattr(memo, attr, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     _ctx(memo).close()
 
 

@@ -17,6 +17,7 @@ deployments (apps)                get, patch (+ create: a server-side apply that
 services                          get, patch (+ create: a server-side apply that creates)
 pods                              list
 pods/log                          get
+pods/proxy                        get (a serving pod's metrics endpoint)
 serviceaccounts                   get, create
 rolebindings (rbac)               get, create  (+ ``bind`` on the tuner ClusterRole)
 ================================  ==========================================================
@@ -155,8 +156,11 @@ class Kube:
         content_type: str = "application/json",
         what: str,
         raw: bool = False,
+        timeout: tuple[float, float] | None = None,
     ) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
+        if raw:
+            headers["Accept"] = "*/*"
         try:
             serialized = self._api.param_serialize(
                 method=method,
@@ -166,7 +170,7 @@ class Kube:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            response = self._api.call_api(*serialized, _request_timeout=self.timeout)
+            response = self._api.call_api(*serialized, _request_timeout=timeout or self.timeout)
             data = response.read()
             if not 200 <= response.status <= 299:  # the client's own exception, chained below
                 text = data.decode("utf-8", "replace")
@@ -279,6 +283,19 @@ class Kube:
         text: str = self._call(
             "GET", PODS.path(namespace, pod, "log"), query=query, raw=True, what=f"logs of {pod}"
         )
+        return text
+
+    def proxy_get(
+        self, namespace: str, pod: str, port: int, path: str, timeout_s: float = 5.0
+    ) -> str:
+        """GET ``path`` on a pod's ``port`` through the API server's proxy
+        (``pods/<pod>:<port>/proxy/<path>``, RBAC ``pods/proxy``: get): a serving pod's metrics
+        endpoint, reachable wherever the operator reaches the API server."""
+        base = PODS.path(namespace, pod)
+        text: str = self._call(
+            "GET", f"{base}:{port}/proxy/{path.lstrip('/')}", raw=True,
+            what=f"GET {path} of pod {pod}:{port}", timeout=(min(timeout_s, 5.0), timeout_s),
+        )  # fmt: skip
         return text
 
     # ---- composite helpers

@@ -34,12 +34,19 @@ ANNOTATION_REPO_HASH = f"{DOMAIN}/model-repo-hash"
 ANNOTATION_DEADLINE = f"{DOMAIN}/deadline"  # on tuner Jobs: how activeDeadlineSeconds was derived
 ANNOTATION_REPORT_TRIALS = f"{DOMAIN}/report-trials"  # on reports: trials of the full report
 ANNOTATION_REPORT_SUMMARY = f"{DOMAIN}/report-summary"  # "true": only the report's summary fits
+# On verification Jobs and results: the deployed configuration verified (verification.py).
+ANNOTATION_VERIFICATION_HASH = f"{DOMAIN}/verification-hash"
+# On retune Jobs, requests and reports: the tuning retuned and the observed workload (retune.py).
+ANNOTATION_RETUNE_HASH = f"{DOMAIN}/retune-hash"
 FINALIZER = f"{DOMAIN}/finalizer"
 
 # Values of LABEL_COMPONENT.
 COMPONENT_TUNER = "tuner"
 COMPONENT_REQUEST = "tuning-request"
-COMPONENT_REPORT = "tuning-report"
+COMPONENT_REPORT = "tuning-report"  # also a retune's report (<name>-retune-report)
+COMPONENT_VERIFICATION = "verification"  # the verification Job
+COMPONENT_VERIFICATION_RESULT = "verification-result"  # the ConfigMap it writes
+COMPONENT_RETUNE = "retune"  # a retune's Job and request
 SERVING_APP = "infertune-serving"  # LABEL_NAME of the serving pods
 
 # Triton's ports (and the simulated server's, which keeps them): the serving runtime's.
@@ -65,6 +72,34 @@ def request_configmap_name(name: str, tuning_hash: str) -> str:
 
 def report_configmap_name(name: str) -> str:
     return f"{name}-tuning-report"
+
+
+# Hashes in the names of verification and retune Jobs: 7 hex digits, so that
+# <name>-verify-<hash> and <name>-retune-<hash> stay within the 63 characters of the job-name
+# label the Job controller puts on its pods (names are capped at 48).
+SHORT_HASH = 7
+
+
+def verification_job_name(name: str, verification_hash: str) -> str:
+    return f"{name}-verify-{verification_hash[:SHORT_HASH]}"
+
+
+def verification_configmap_name(name: str) -> str:
+    """Where the verification Job writes its result (one per InferenceDeployment)."""
+    return f"{name}-verification"
+
+
+def retune_job_name(name: str, retune_hash: str) -> str:
+    return f"{name}-retune-{retune_hash[:SHORT_HASH]}"
+
+
+def retune_request_name(name: str, retune_hash: str) -> str:
+    return f"{retune_job_name(name, retune_hash)}-request"
+
+
+def retune_report_name(name: str) -> str:
+    """Where a retune's tuner writes its report (the tuning's own report stays as it is)."""
+    return f"{name}-retune-report"
 
 
 def model_repo_configmap_name(name: str) -> str:

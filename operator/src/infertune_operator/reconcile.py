@@ -17,6 +17,7 @@ from typing import Any
 
 from infertune_operator.api.manifest import validate_document
 from infertune_operator.api.models import (
+    RETUNE_FIELDS,
     BestConfig,
     InferenceDeployment,
     InferenceDeploymentStatus,
@@ -90,9 +91,14 @@ def tuning_hash(spec: Mapping[str, Any], settings: Settings) -> str:
     Returns:
         8 hex digits that name the tuner Job and label its objects. Hashes the spec as stored
         (canonical JSON, sorted keys), so an operator upgrade that adds a model default does not
-        re-tune every deployment. spec.serving is deliberately left out: it only re-renders.
+        re-tune every deployment. spec.serving is deliberately left out: it only re-renders;
+        so are spec.tuning.retune and retuneIntervalMinutes (when to tune again, not what).
     """
     relevant = {key: spec.get(key) for key in TUNING_SECTIONS}
+    tuning = relevant["tuning"]
+    if isinstance(tuning, Mapping) and any(k in tuning for k in RETUNE_FIELDS):
+        # When to retune is not what a tuning asks: hashed as if the fields were not there.
+        relevant["tuning"] = {k: v for k, v in tuning.items() if k not in RETUNE_FIELDS} or None
     relevant["effective"] = _effective_tuning(spec, settings)
     canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:8]

@@ -127,6 +127,7 @@ def plan_write(
     uid: str | None,
     mine: TuningRequest,
     existing: Mapping[str, Any] | None,
+    ignore: tuple[str, ...] = (),
 ) -> WritePlan:
     """Whether a finished tuner may write its report, and how.
 
@@ -137,6 +138,8 @@ def plan_write(
         uid: The uid the tuning was started for (``--owner-uid``).
         mine: The request this tuner ran.
         existing: The report ConfigMap as read now (None: there is none).
+        ignore: Request fields the spec need not agree on (a retune's ``workload``: it tunes
+            the observed workload, not the spec's).
 
     Returns:
         SKIP with the reason when the InferenceDeployment is gone, was created again under the
@@ -155,10 +158,37 @@ def plan_write(
         now = requested_now(owner, mine)
         if now is None:
             return WritePlan(WriteAction.SKIP, f"the spec of {name} is no longer valid")
+        if ignore:
+            now = now.model_copy(update={k: getattr(mine, k) for k in ignore})
         if (diff := request_difference(mine.dump(), now)) is not None:
             return WritePlan(WriteAction.SKIP, (
                 f"the spec of {name} changed since this tuning started ({diff}): its report "
                 "would replace the report of the tuning the spec asks for now"))  # fmt: skip
+    if existing is None:
+        return WritePlan(WriteAction.CREATE)
+    version = ((existing.get("metadata") or {}).get("resourceVersion")) or None
+    return WritePlan(WriteAction.REPLACE, resource_version=version)
+
+
+def plan_owned_write(
+    *,
+    owner: Body | None,
+    owner_known: bool,
+    uid: str | None,
+    existing: Mapping[str, Any] | None,
+    what: str,
+) -> WritePlan:
+    """Whether a Job may write ``what`` for its InferenceDeployment (a verification result): not
+    when the object is gone or was created again under the same name (another uid); else
+    CREATE, or REPLACE guarded by the resourceVersion just read. Which result the operator
+    reads is its own business (the hash on the ConfigMap)."""
+    meta = (owner or {}).get("metadata") or {}
+    if owner_known and (owner is None or meta.get("deletionTimestamp")):
+        return WritePlan(WriteAction.SKIP, f"its InferenceDeployment no longer exists ({what})")
+    if owner_known and uid and meta.get("uid") and meta["uid"] != uid:
+        return WritePlan(WriteAction.SKIP, (
+            f"its InferenceDeployment was deleted and created again (uid {meta['uid']}; this "
+            f"{what} was for uid {uid})"))  # fmt: skip
     if existing is None:
         return WritePlan(WriteAction.CREATE)
     version = ((existing.get("metadata") or {}).get("resourceVersion")) or None

@@ -33,15 +33,6 @@ class WriteOutcome:
     complete: bool = True  # False: only the report's summary fits in the ConfigMap
 
 
-def _owner(kube: k8s.Kube, request: TuningRequest, namespace: str) -> tuple[Body | None, bool]:
-    """The InferenceDeployment as it is now, and whether this pod may read it (a role from an
-    earlier chart may not allow it: then the operator's own check guards the report)."""
-    try:
-        return kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, request.name), True
-    except k8s.Forbidden:
-        return None, False
-
-
 def write_report(
     kube: k8s.Kube,
     *,
@@ -52,6 +43,7 @@ def write_report(
     uid: str | None,
     backoff: Backoff | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    retune_hash: str | None = None,
 ) -> WriteOutcome:
     """Store ``report`` in ``<name>-tuning-report`` when this tuning is still wanted.
 
@@ -64,35 +56,74 @@ def write_report(
         uid: The InferenceDeployment's uid the Job was made for (``--owner-uid``).
         backoff: Delays between attempts after transient API errors.
         sleep: How to wait (tests pass a fake).
+        retune_hash: A retune's (``--retune-hash``): the report goes to
+            ``<name>-retune-report``, and the spec is compared with the request but for the
+            workload (the retune's is the observed one).
 
     Returns:
         What was done. Raises the last :class:`k8s.KubeError` when the API keeps failing or
         refuses the write (403, 422).
     """
-    backoff = backoff or Backoff()
     body = report_store.report_configmap(
         name=request.name, namespace=namespace, report=report, th=th, owner_uid=uid
     )
+    if retune_hash is not None:
+        body["metadata"]["name"] = naming.retune_report_name(request.name)
+        body["metadata"]["annotations"][naming.ANNOTATION_RETUNE_HASH] = retune_hash
     complete = report_store.is_complete(body)
-    cm_name = naming.report_configmap_name(request.name)
+    ignore = ("workload",) if retune_hash is not None else ()
+
+    def plan(owner: Body | None, known: bool, existing: Body | None) -> report_owner.WritePlan:
+        return report_owner.plan_write(
+            owner=owner, owner_known=known, uid=uid, mine=request, existing=existing,
+            ignore=ignore,
+        )  # fmt: skip
+
+    outcome = write_guarded(
+        kube, body=body, owner_name=request.name, namespace=namespace, plan=plan,
+        backoff=backoff, sleep=sleep,
+    )  # fmt: skip
+    return WriteOutcome(outcome.action, outcome.reason, complete)
+
+
+Planner = Callable[[Body | None, bool, Body | None], report_owner.WritePlan]
+
+
+def write_guarded(
+    kube: k8s.Kube,
+    *,
+    body: Body,
+    owner_name: str,
+    namespace: str,
+    plan: Planner,
+    backoff: Backoff | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WriteOutcome:
+    """Create or replace the ConfigMap ``body`` as ``plan(owner, owner_known, existing)`` says,
+    after reading its InferenceDeployment and the ConfigMap: a replace is guarded by the
+    resourceVersion read (a lost race reads and decides again); transient API errors are
+    retried with ``backoff``."""
+    backoff = backoff or Backoff()
+    cm_name = body["metadata"]["name"]
     failures = races = 0
     while True:
         try:
-            owner, known = _owner(kube, request, namespace)
+            try:
+                owner, known = kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, owner_name), True
+            except k8s.Forbidden:  # an earlier chart's role: the operator's own check guards it
+                owner, known = None, False
             existing = kube.get(k8s.CONFIGMAPS, namespace, cm_name)
-            plan = report_owner.plan_write(
-                owner=owner, owner_known=known, uid=uid, mine=request, existing=existing
-            )
-            if plan.action is WriteAction.SKIP:
-                return WriteOutcome(plan.action, plan.reason, complete)
-            if plan.action is WriteAction.CREATE:
+            decided = plan(owner, known, existing)
+            if decided.action is WriteAction.SKIP:
+                return WriteOutcome(decided.action, decided.reason)
+            if decided.action is WriteAction.CREATE:
                 body["metadata"].pop("resourceVersion", None)
                 if kube.create(body)[1]:
-                    return WriteOutcome(plan.action, complete=complete)
+                    return WriteOutcome(decided.action)
                 raise k8s.Conflict(f"ConfigMap {cm_name} was created meanwhile", status=409)
-            body["metadata"]["resourceVersion"] = plan.resource_version
+            body["metadata"]["resourceVersion"] = decided.resource_version
             kube.replace(body)
-            return WriteOutcome(plan.action, complete=complete)
+            return WriteOutcome(decided.action)
         except k8s.Conflict:
             races += 1  # someone wrote in between: read again and decide again
             if races >= RACES:

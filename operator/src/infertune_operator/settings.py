@@ -15,6 +15,7 @@
 | INFERTUNE_JOB_BACKOFF_LIMIT       | 2 (tuner pod retries before the Job fails)               |
 | INFERTUNE_TRIAL_BENCHMARK_MINUTES | 30 (per-trial benchmark bound in the Job deadline)       |
 | INFERTUNE_MODEL_STORAGE_PVC       | unset (download cache PVC at /model-cache, serving+tuner)|
+| INFERTUNE_OBSERVE_INTERVAL_SECONDS| 30 (how often the serving pods' metrics are read)        |
 
 The tuning defaults themselves (40 trials, the triton backend) live in
 ``infertune_tuner.defaults``; these variables override them for one operator.
@@ -38,14 +39,14 @@ def _env(name: str, default: str) -> str:
     return value or default
 
 
-def _positive(name: str, default: int) -> int:
+def _positive(name: str, default: int, unit: str = "minutes") -> int:
     text = _env(name, str(default))
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"{name} must be a whole number of minutes >= 1, not {text!r}")
+        raise ValueError(f"{name} must be a whole number of {unit} >= 1, not {text!r}")
     return value
 
 
@@ -66,6 +67,9 @@ class Settings:
     # bound it makes the tuner Job's deadline when spec.tuning.timeoutMinutes is unset.
     trial_benchmark_minutes: int = 30
     model_storage_pvc: str | None = None
+    # How often the observer reads each Ready deployment's metrics: Prometheus' common scrape
+    # interval is 15-60 s; a 15-minute window then rests on about 30 scrapes per pod.
+    observe_interval_s: float = 30.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -94,6 +98,9 @@ class Settings:
                 "INFERTUNE_TRIAL_BENCHMARK_MINUTES", d.trial_benchmark_minutes
             ),
             model_storage_pvc=os.environ.get("INFERTUNE_MODEL_STORAGE_PVC") or None,
+            observe_interval_s=_positive(
+                "INFERTUNE_OBSERVE_INTERVAL_SECONDS", int(d.observe_interval_s), "seconds"
+            ),
         )
 
     def backend_for(self, obj: InferenceDeployment) -> str:

@@ -15,6 +15,7 @@ import logging
 from dataclasses import replace
 
 from infertune_operator import conditions, k8s
+from infertune_operator.api.models import InferenceDeploymentStatus
 from infertune_operator.context import Context, Outage, RetryLater
 from infertune_operator.naming import Body
 
@@ -114,7 +115,7 @@ def write_status(
         except k8s.NotFound:
             return
     ctx.recovered(namespace, name)
-    for event in conditions.transition_events(old, new):
+    for event in (*conditions.transition_events(old, new), *transition.events):
         ctx.post_event(body, event)
 
 
@@ -132,3 +133,35 @@ def _recovery(ctx: Context, namespace: str, name: str, old: Body) -> conditions.
         f"the Kubernetes API answers again (ApiUnavailable since {since} until {ctx.clock()}"
         f"{attempts})",
     )  # fmt: skip
+
+
+def write_aside(
+    ctx: Context,
+    body: Body,
+    updates: dict[str, conditions.Cond],
+    fields: InferenceDeploymentStatus,
+    events: tuple[conditions.Event, ...] = (),
+) -> bool:
+    """A write beside the sync's (the observer's): conditions and fields, the phase, message,
+    observedGeneration and tuning hash left as they are. True when something was written."""
+    meta = body["metadata"]
+    old = body.get("status") or {}
+    transition = conditions.Transition(
+        phase=old.get("phase") or "Pending", message=old.get("message") or "",
+        conditions=updates, fields=fields,
+    )  # fmt: skip
+    new = conditions.next_status(
+        old, transition, generation=None, now=ctx.clock(), tuning_hash=None
+    )
+    patch = conditions.status_patch(old, new)
+    if patch:
+        try:
+            ctx.kube.patch(
+                k8s.INFERENCEDEPLOYMENTS, meta["namespace"], meta["name"], {"status": patch},
+                subresource="status",
+            )  # fmt: skip
+        except k8s.NotFound:
+            return False
+    for event in (*conditions.transition_events(old, new), *events):
+        ctx.post_event(body, event)
+    return bool(patch)

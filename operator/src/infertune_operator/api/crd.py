@@ -46,6 +46,12 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "expertsActive must not exceed experts",
         },
     ],
+    "serving.observe": [
+        {
+            "rule": "!has(self.source) || self.source != 'prometheus' || has(self.prometheus)",
+            "message": "source prometheus needs prometheus.url",
+        }
+    ],
     "": [
         {
             "rule": "!has(self.search) || !has(self.search.tensorParallel) || "
@@ -80,6 +86,18 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.bestMetrics.outputTokensPerSecondPerGpu",
     },
     {"name": "SLO", "type": "boolean", "jsonPath": ".status.bestMetrics.sloMet"},
+    # The load test after rollout: True, False (BelowTuned, SloMissed), Unknown while it runs.
+    {
+        "name": "Verified",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Verified")].status',
+    },
+    {
+        "name": "Drifted",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": '.status.conditions[?(@.type=="WorkloadDrifted")].status',
+    },
     {"name": "Trials", "type": "integer", "jsonPath": ".status.trials.executed", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

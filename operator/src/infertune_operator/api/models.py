@@ -22,17 +22,25 @@ from infertune_operator.api.formats import (
     NAME_RULE,
     NAMESPACE_PATTERN,
     NAMESPACE_RULE,
-    Quantity,
     label,
 )
+
+# spec.serving lives in api/serving.py; re-exported here, the API's one import point.
+from infertune_operator.api.serving import ObserveSpec as ObserveSpec
+from infertune_operator.api.serving import ResourceOverrides as ResourceOverrides
+from infertune_operator.api.serving import ServingSpec
+from infertune_operator.api.serving import VerificationSpec as VerificationSpec
 
 # The status models live in api/status.py; re-exported here, the API's one import point.
 from infertune_operator.api.status import BestConfig as BestConfig
 from infertune_operator.api.status import BestMetrics as BestMetrics
 from infertune_operator.api.status import Condition as Condition
 from infertune_operator.api.status import InferenceDeploymentStatus
+from infertune_operator.api.status import ObservedWorkload as ObservedWorkload
 from infertune_operator.api.status import Phase as Phase
+from infertune_operator.api.status import RetuneStatus as RetuneStatus
 from infertune_operator.api.status import TrialCounts as TrialCounts
+from infertune_operator.api.status import VerificationStatus as VerificationStatus
 from infertune_tuner import defaults
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, KvCacheDtype, Quantization
 from infertune_tuner.metrics import LATENCY_METRICS, LatencyMetric, listing
@@ -60,6 +68,11 @@ TensorParallel = Annotated[Literal[1, 2, 4, 8, 16, 32, 64], BeforeValidator(_not
 Backend = Literal["triton", "simulated"]  # where an InferenceDeployment's trials run
 
 PositiveInt = Annotated[int, Field(ge=1)]
+Retune = Literal["Never", "OnDrift"]
+# A retune costs a tuning's GPU hours: at most one per 6 h, whatever the workload does.
+DEFAULT_RETUNE_INTERVAL_MINUTES = 360
+# spec.tuning fields that decide when to tune again, not what a tuning asks: outside the hash.
+RETUNE_FIELDS = ("retune", "retuneIntervalMinutes")
 SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
 
 
@@ -324,32 +337,22 @@ class TuningSpec(ApiModel):
             raise ValueError("give storage or storageSecretRef, not both")
         return self
 
+    retune: Retune = Field(
+        default="Never",
+        description="OnDrift: when the observed workload drifts from the tuned one, tune again "
+        "with the observed workload and roll the result only if it measurably beats the "
+        "serving configuration. Never (default): report the drift only.",
+    )
+    retune_interval_minutes: Annotated[int, Field(ge=1, le=30 * 24 * 60)] = Field(
+        default=DEFAULT_RETUNE_INTERVAL_MINUTES,
+        description="At most one retune per this many minutes (default 360).",
+    )
+
     def effective_max_trials(self, default: int = defaults.MAX_TRIALS) -> int:
         return self.max_trials if self.max_trials is not None else default
 
     def effective_backend(self, default: str = defaults.CLUSTER_BACKEND) -> str:
         return self.backend if self.backend is not None else default
-
-
-# ---------------------------------------------------------------- spec.serving
-
-
-class ResourceOverrides(ApiModel):
-    requests: dict[str, Quantity] | None = None
-    limits: dict[str, Quantity] | None = None
-
-
-class ServingSpec(ApiModel):
-    replicas: Annotated[int, Field(ge=0)] = 1
-    image: str | None = Field(
-        default=None, description="Serving image; defaults to the Triton TRT-LLM image."
-    )
-    resources: ResourceOverrides | None = None
-    startup_timeout_minutes: Annotated[int, Field(ge=1, le=24 * 60)] = Field(
-        default=defaults.STARTUP_TIMEOUT_MINUTES,
-        description="How long a server may take to download and load the model before it must "
-        "be ready (the serving pod's startup probe, and every tuning trial).",
-    )
 
 
 # ---------------------------------------------------------------- spec
