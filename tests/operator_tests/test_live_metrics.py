@@ -4,14 +4,18 @@ and a retune's verdict on a real report of the simulated pool."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import re
 import time
 from pathlib import Path
 
 import aiohttp
+import aiohttp.web
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from infertune_operator import drift, metrics_text, noise, reconcile, retune
+from infertune_operator import drift, metrics_text, noise, prometheus_source, reconcile, retune
 from infertune_operator.api.to_request import to_request
 from infertune_operator.workload_window import Summary, Window
 from infertune_tuner.config import TrialConfig
@@ -154,3 +158,88 @@ def test_a_retune_rolls_out_only_a_measured_improvement(tmp_path: Path) -> None:
         close if m is measured else m for m in report.measured]})  # fmt: skip
     noisy = retune.verdict(within, current, w)
     assert noisy.decision == "KeptCurrent" and "within measurement noise" in noisy.message
+
+
+class _Prometheus:
+    """A stand-in Prometheus server: instant queries of the two shapes the operator sends
+    (``sum(NAME{matchers})``, ``sum by (le) (NAME_bucket{matchers})``) over the series of its
+    targets, each target's exposition with its ``namespace`` and ``pod`` target labels."""
+
+    QUERY = re.compile(r"^sum(?: by \(le\) )?\((\w+)\{(.*)\}\)$")
+
+    def __init__(self, targets: dict[tuple[str, str], str]) -> None:
+        self.targets = targets
+        self.queries: list[str] = []
+
+    def _series(self) -> list[tuple[str, dict[str, str], float]]:
+        out = []
+        for (namespace, pod), text in self.targets.items():
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    name = s.name.removesuffix("_total") if family.type == "counter" else s.name
+                    out.append((name, {**s.labels, "namespace": namespace, "pod": pod}, s.value))
+        return out
+
+    async def query(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        promql = request.query["query"]
+        self.queries.append(promql)
+        match = self.QUERY.match(promql)
+        assert match is not None, promql
+        name, selector = match.groups()
+        wanted = re.findall(r'(\w+)(=~|=)"([^"]*)"', selector)
+
+        def selected(labels: dict[str, str]) -> bool:
+            return all(
+                re.fullmatch(v, labels.get(k, "")) if op == "=~" else labels.get(k) == v
+                for k, op, v in wanted
+            )
+
+        by_le = promql.startswith("sum by (le)")
+        groups: dict[str, float] = {}
+        for series, labels, value in self._series():
+            if series == name and selected(labels):
+                key = labels.get("le", "") if by_le else ""
+                groups[key] = groups.get(key, 0.0) + value
+        result = [{"metric": {"le": k} if by_le else {}, "value": [0, str(v)]}
+                  for k, v in groups.items()]  # fmt: skip
+        return aiohttp.web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+
+async def test_a_prometheus_server_gives_the_deployments_pods_summed() -> None:
+    cfg = sim.build_config(model="llama-3-8b", gpu="L4-24GB", tp=1, max_batch=8, quant="fp8",
+                           time_scale=0.05, host="127.0.0.1", port=0, http_port=0,
+                           metrics_port=0)  # fmt: skip
+    async with sim.SimServer(cfg) as server:
+        assert server.metrics_port
+        spec = LoadSpec(url=f"127.0.0.1:{server.port}", model="llm", concurrency=4, requests=12,
+                        input_tokens=200, output_tokens=16)  # fmt: skip
+        await run_load(spec)
+        text = await _scrape(server.metrics_port)
+    prometheus = _Prometheus({
+        ("team-a", "llm-6b7c9d8f5d-abcde"): text,  # two pods of the deployment
+        ("team-a", "llm-6b7c9d8f5d-fghij"): text,
+        ("team-a", "llm2-6b7c9d8f5d-abcde"): text,  # another deployment's pod
+        ("team-b", "llm-6b7c9d8f5d-abcde"): text,  # another namespace
+    })  # fmt: skip
+    app = aiohttp.web.Application()
+    app.router.add_get("/api/v1/query", prometheus.query)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        sample = await asyncio.to_thread(
+            prometheus_source.sample, f"http://127.0.0.1:{port}", "team-a", "llm", "llm", at=1.0
+        )
+    finally:
+        await runner.cleanup()
+    one = metrics_text.parse(text, at=1.0, model="llm")
+    assert one.success == 12 and sample.success == 2 * one.success
+    assert one.input_tokens is not None and sample.input_tokens is not None
+    assert sample.input_tokens.count == 2 * one.input_tokens.count
+    assert sample.input_tokens.mean() == one.input_tokens.mean() == 200
+    assert sample.active == 0 and sample.first_response is not None
+    assert all('namespace="team-a"' in q and 'model="llm"' in q for q in prometheus.queries)

@@ -7,10 +7,12 @@ emulator as it would on a cluster (see serving.py).
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from infertune_operator import noise
+from infertune_tuner.metrics import OBJECTIVE
 
 from .apiserver import (
     FakeApiServer,
@@ -29,11 +31,21 @@ from .apiserver import (
     start_operator,
     wait_for,
 )
-from .serving import remove_serving_pod, run_verifier, start_serving_pod, to_ready
+from .serving import INFERTUNE, remove_serving_pod, run_verifier, start_serving_pod, to_ready
 
 WORKLOAD = {"inputTokens": 256, "outputTokens": 32}
 # A trial measures hundreds of requests at this batch; 32 keep the test to seconds.
 SERVING = {"verification": {"requests": 32, "durationSeconds": 120}}
+
+
+async def _report(out: Path) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        INFERTUNE, "report", "vfy", "--out", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    text, _ = await proc.communicate()
+    assert proc.returncode == 0, text.decode()
+    return text.decode()
 
 
 def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
@@ -91,6 +103,13 @@ async def test_rollout_is_verified_then_a_slower_pod_is_below_tuned(
     assert v["measured"]["e2eP95Ms"] > 0 and v["sloMissed"] == []
     assert f"{measured:.0f} tok/s/GPU against {tuned:.0f} tuned" in verified["message"]
     await wait_for(lambda: len(_events(api, "vfy", "MatchesTuned")) == 1, what="one event")
+    # `infertune report` shows the verification beside the tuned numbers.
+    shown = await _report(tmp_path / "vfy-report")
+    md = (tmp_path / "vfy-report" / "report.md").read_text()
+    row = f"| {OBJECTIVE.label} | {tuned:.0f} | {measured:.0f} | - |"
+    assert "## After deploy" in md and row in md and row in shown
+    assert "Verified=True (MatchesTuned)" in md
+    assert 'id="after-deploy"' in (tmp_path / "vfy-report" / "report.html").read_text()
     assert _events(api, "vfy", "VerificationRunning") == []  # bookkeeping posts nothing
 
     # An operator restart finds the result: no second Job, nothing written again.
@@ -141,3 +160,36 @@ async def test_rollout_is_verified_then_a_slower_pod_is_below_tuned(
     finally:
         await pod.stop()
         await again.stop()
+
+
+async def test_a_verification_that_measures_nothing_fails_and_one_turned_off_never_runs(
+    api: FakeApiServer, operator: OperatorRunner, kubeconfig: Path, tmp_path: Path
+) -> None:
+    await create(api, manifest("nopod", workload=WORKLOAD, serving=SERVING))
+    off = {**SERVING, "verification": {"enabled": False}}
+    await create(api, manifest("quiet", workload=WORKLOAD, serving=off))
+    await to_ready(api, "nopod", tmp_path)
+    await to_ready(api, "quiet", tmp_path)
+
+    # No serving pod answers: the Job stores a result that says so, and exits 0.
+    job = (await wait_for(lambda: jobs_of(api, "nopod", "verification"), what="the Job"))[0]
+    closed = await start_serving_pod(api, "nopod")
+    await closed.stop()  # its port is closed now
+    out = await run_verifier(job, closed)
+    assert "measured nothing usable (cannot reach" in out
+    await finish_job(api, job["metadata"]["name"])
+    failed = await wait_for(
+        lambda: (
+            condition(_idf(api, "nopod"), "Verified").get("status") == "False"
+            and condition(_idf(api, "nopod"), "Verified")
+        ),
+        what="Verified=False",
+    )
+    assert failed["reason"] == "VerificationFailed" and "cannot reach" in failed["message"]
+    assert _idf(api, "nopod")["status"]["verification"]["state"] == "Failed"
+
+    # Turned off: no Job, and the condition says why.
+    quiet = await wait_for(lambda: condition(_idf(api, "quiet"), "Verified"), what="Verified")
+    assert (quiet["status"], quiet["reason"]) == ("Unknown", "VerificationDisabled")
+    assert jobs_of(api, "quiet", "verification") == []
+    assert "verification" not in _idf(api, "quiet")["status"]

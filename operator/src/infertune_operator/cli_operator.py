@@ -301,9 +301,34 @@ def report(
             err=True,
         )
     paths = write_report(parsed, out or Path(f"{name}-report"))
+    _after_deploy(kube, ns, name, paths)
     for p in paths:
         typer.echo(str(p))
     if open_browser:
         html = paths[-1].resolve()
         if not webbrowser.open(html.as_uri()):
             typer.echo(f"could not open a browser; open {html}", err=True)
+
+
+def _after_deploy(kube: Kube, namespace: str, name: str, paths: list[Path]) -> None:
+    """Append the verification and the observed workload, beside the tuned numbers, to
+    report.md and report.html (and say them on stdout), when the InferenceDeployment can be
+    read and serves something."""
+    from infertune_operator import k8s
+    from infertune_operator.report_live import deployed_view
+    from infertune_tuner.report import deployed
+
+    try:
+        body = kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, name)
+    except k8s.KubeError:  # `infertune report` needs only the ConfigMap: the rest is a bonus
+        return
+    view = deployed_view(body) if body is not None else None
+    if view is None:
+        return
+    text = deployed.markdown(view)
+    md = next(p for p in paths if p.suffix == ".md")
+    md.write_text(md.read_text(encoding="utf-8").rstrip() + "\n\n" + text, encoding="utf-8")
+    page = next(p for p in paths if p.suffix == ".html")
+    html = page.read_text(encoding="utf-8")
+    page.write_text(html.replace("</body>", deployed.html(view) + "</body>", 1), encoding="utf-8")
+    typer.echo(text)
