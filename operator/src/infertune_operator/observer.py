@@ -154,6 +154,14 @@ def _observe(ctx: Context, body: Body) -> None:
             updates[conditions.SLO_AT_RISK] = Cond(
                 "False", conditions.SLO_HELD, f"every observable SLO bound met{unjudged}"
             )
+    elif summary.pods and summary.span_s >= horizon:
+        # A whole window with too few requests to judge: say so rather than keep a verdict.
+        memory.drift.update(False, now, stamp)
+        memory.risk.update(False, now, stamp)
+        quiet = (f"fewer than {drift.MIN_REQUESTS} requests in the last "
+                 f"{spec.window_minutes} min ({summary.requests:.0f})")  # fmt: skip
+        updates[conditions.WORKLOAD_DRIFTED] = Cond("Unknown", conditions.NOT_OBSERVED, quiet)
+        updates[conditions.SLO_AT_RISK] = Cond("Unknown", conditions.NOT_OBSERVED, quiet)
     elif summary.pods == 0 and memory.window.pods == {}:
         updates[conditions.WORKLOAD_DRIFTED] = Cond(
             "Unknown", conditions.NOT_OBSERVED, f"no metrics from {source} yet"
@@ -224,7 +232,7 @@ def _retune(
         drift.significant(summary.output_tokens_mean or tuned.output_tokens),
     )
     last = retune_sync.current(body)
-    if last is not None and last.state == "Running":
+    if last is not None and last.state == "Running" and last.tuning_hash == th:
         return f"retune Job {last.job} is running", {}, ()
     if last is not None and last.hash == retune.retune_hash(th, w):
         return (f"a retune for {w.input_tokens} in / {w.output_tokens} out already ran "

@@ -67,8 +67,12 @@ def start(
         logger.warning("%s/%s: retune not started: %s", namespace, name, exc)
         return None
     job_name = live["metadata"]["name"]
-    if created:
+    if created:  # an earlier retune's Job and request are history now
         creates.delete_other_jobs(ctx, namespace, name, naming.COMPONENT_RETUNE, [job_name])
+        labels = {naming.LABEL_DEPLOYMENT: name, naming.LABEL_COMPONENT: naming.COMPONENT_RETUNE}
+        for old in ctx.kube.list(k8s.CONFIGMAPS, namespace, labels):
+            if old["metadata"]["name"] != cm["metadata"]["name"]:
+                ctx.kube.delete(k8s.CONFIGMAPS, namespace, old["metadata"]["name"])
     logger.info("%s/%s: retune Job %s %s", namespace, name, job_name,
                 "created" if created else "adopted")  # fmt: skip
     return RetuneStatus(
@@ -89,6 +93,11 @@ def follow(
     keeps its configuration served. A running one is followed to its report and verdict.
     """
     rs = current(body)
+    if rs is not None and rs.tuning_hash != th and rs.state == "Running":
+        # The spec changed: the new tuning deleted its Job with the other superseded Jobs.
+        why = f"superseded: the spec changed since (tuning {th}); its Job was deleted"
+        done = rs.model_copy(update={"state": "Failed", "finished_at": ctx.clock(), "message": why})
+        return None, {"retune": done}, ()
     if rs is None or rs.tuning_hash != th:
         return None, {}, ()
     if rs.state == "RolledOut" and rs.best_config is not None:
