@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from infertune_operator import conditions
 from infertune_operator.api.models import BestMetrics, ObservedWorkload, VerificationStatus
-from infertune_tuner.metrics import E2E, ITL, LATENCY_METRICS, OBJECTIVE, TTFT
+from infertune_tuner.metrics import E2E, ITL, LATENCY_METRICS, OBJECTIVE, PERCENTILES, TTFT
 from infertune_tuner.report.deployed import Deployed, DeployedRow
 
 
@@ -70,15 +70,13 @@ def deployed_view(body: Mapping[str, Any]) -> Deployed | None:
         ),
         DeployedRow(quantity="requests/s", observed=o.requests_per_second if o else None),
     ]
-    live = {
-        (TTFT.key, "p50"): o.ttft_p50_ms if o else None,
-        (TTFT.key, "p95"): o.ttft_p95_ms if o else None,
-        (TTFT.key, "p99"): o.ttft_p99_ms if o else None,
-        (E2E.key, "p50"): o.e2e_mean_ms if o else None,
-        (ITL.key, "p50"): o.itl_mean_ms if o else None,
+    live: dict[tuple[str, str], float | None] = {
+        (TTFT.key, p): getattr(o, TTFT.column(p), None) for p in PERCENTILES
     }
+    live[(E2E.key, "p50")] = o.e2e_mean_ms if o else None
+    live[(ITL.key, "p50")] = o.itl_mean_ms if o else None
     for metric in LATENCY_METRICS:
-        for p in ("p50", "p95", "p99"):
+        for p in PERCENTILES:
             field = metric.column(p)
             mean = metric is not TTFT and p == "p50"
             rows.append(DeployedRow(
