@@ -243,3 +243,16 @@ async def test_a_prometheus_server_gives_the_deployments_pods_summed() -> None:
     assert sample.input_tokens.mean() == one.input_tokens.mean() == 200
     assert sample.active == 0 and sample.first_response is not None
     assert all('namespace="team-a"' in q and 'model="llm"' in q for q in prometheus.queries)
+
+
+def test_the_operator_keeps_the_tuners_noise_and_warm_up() -> None:
+    """The operator copies two of the tuner's numbers instead of importing the search and the
+    trial backend (which would load numpy, scipy and gRPC into it): they must stay equal."""
+    from infertune_operator import verification
+    from infertune_tuner.backends import triton
+    from infertune_tuner.harness import runner
+    from infertune_tuner.search.model import NOISE
+
+    assert NOISE["tps"] == noise.TPS_NOISE
+    assert verification.MAX_WARMUP == triton.MAX_WARMUP
+    assert verification.MAX_ERROR_SHARE == runner.MAX_ERROR_FRACTION

@@ -54,7 +54,6 @@ from infertune_operator.naming import (
 )
 from infertune_operator.pods import security
 from infertune_operator.settings import Settings
-from infertune_tuner.backends.triton import default_warmup
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import trial_requests
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE
@@ -65,7 +64,10 @@ from infertune_tuner.schema import Record
 RESULT_KEY = "result.json"
 JOB_GRACE_S = 120  # beyond the load's own deadline: pod start, connecting, writing the result
 LOADGEN_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
-MAX_ERROR_SHARE = 0.05  # more failed requests than this: not a measurement (as a trial)
+MAX_ERROR_SHARE = 0.05  # more failed requests than this: no measurement (harness/runner.py)
+# A trial's warm-up: one full batch, at most this many (infertune_tuner/backends/triton.py,
+# default_warmup; not imported: it would load gRPC into the operator; a test keeps them equal).
+MAX_WARMUP = 256
 
 State = Literal["Running", "Passed", "BelowTuned", "SloMissed", "Failed"]
 
@@ -123,7 +125,7 @@ def load_plan(obj: InferenceDeployment, ref: Reference) -> LoadPlan:
     return LoadPlan(
         concurrency=batch,
         requests=spec.requests or trial_requests(batch, percentiles),
-        warmup=default_warmup(batch),
+        warmup=min(batch, MAX_WARMUP),
         deadline_s=spec.duration_seconds,
     )
 
