@@ -75,6 +75,7 @@ def launcher_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensorrt_llm_model_name", type=str, default="tensorrt_llm")
     p.add_argument("--oversubscribe", action="store_true")
     p.add_argument("--trtllm_llmapi_launch", action="store_true", default=False)
+    p.add_argument("--force", "-f", action="store_true")
     return p
 
 
@@ -166,6 +167,9 @@ def test_launch_is_upstreams_llmapi_launch(tp: int) -> None:
         assert a.trtllm_llmapi_launch and a.oversubscribe and not a.no_mpi
     assert (a.model_repo, a.tensorrt_llm_model_name) == ("/repo", "llm")
     assert (a.grpc_port, a.http_port, a.metrics_port) == ("1", "2", "3")
+    # Upstream's __main__ refuses to launch while any tritonserver is running (`pgrep -r R
+    # tritonserver`) unless --force: side-by-side trials in one tuner pod each run their own.
+    assert a.force
 
 
 def test_checkpoint_choice() -> None:

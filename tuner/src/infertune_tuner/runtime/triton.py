@@ -246,10 +246,16 @@ def launcher_argv(
     launcher: str = LAUNCHER,
 ) -> list[str]:
     """`launch_triton_server.py` as upstream's LLM-API test runs it (see the module docstring).
-    The launcher starts tritonserver (or mpirun) in the background and returns at once."""
+    The launcher starts tritonserver (or mpirun) in the background and returns at once.
+
+    `--force`: before it launches, the script runs `pgrep -r R tritonserver` and raises
+    RuntimeError when any tritonserver is running unless `--force` is given (NVIDIA/TensorRT-LLM
+    triton_backend/scripts/launch_triton_server.py, `__main__`). A tuner pod runs trials side by
+    side (packing.py), each with a tritonserver of its own on its own ports: without `--force`
+    the second trial's launch would fail whenever the first server happened to be on a CPU."""
     mode = ["--no-mpi"] if tp == 1 else ["--trtllm_llmapi_launch", "--oversubscribe"]
     return [
-        "python3", launcher, f"--world_size={tp}", *mode, f"--model_repo={model_repo}",
+        "python3", launcher, f"--world_size={tp}", *mode, "--force", f"--model_repo={model_repo}",
         f"--tensorrt_llm_model_name={served_model}", f"--grpc_port={ports.grpc}",
         f"--http_port={ports.http}", f"--metrics_port={ports.metrics}",
     ]  # fmt: skip
