@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import ValidationError
-
 from infertune_operator import conditions, creates, k8s, naming, report_store, retune, tuner_outcome
 from infertune_operator.api.models import (
     BestConfig,
@@ -22,7 +20,7 @@ from infertune_operator.api.models import (
     InferenceDeployment,
     RetuneStatus,
 )
-from infertune_operator.api.status import RetuneWorkload
+from infertune_operator.api.status import RetuneWorkload, status_part
 from infertune_operator.context import Context
 from infertune_operator.naming import Body
 from infertune_tuner.config import TrialConfig
@@ -33,11 +31,8 @@ Followed = tuple[TrialConfig | None, dict[str, Any], tuple[conditions.Event, ...
 
 
 def current(body: Body) -> RetuneStatus | None:
-    raw = (body.get("status") or {}).get("retune")
-    try:
-        return RetuneStatus.model_validate(raw) if raw else None
-    except ValidationError:
-        return None
+    """The retune the status records (None: none, or not readable)."""
+    return status_part(body, "retune", RetuneStatus)
 
 
 def start(

@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from pydantic import ValidationError
-
 from infertune_operator import conditions, creates, k8s, naming, tuner_outcome, verification
 from infertune_operator.api.models import BestMetrics, InferenceDeployment, VerificationStatus
+from infertune_operator.api.status import status_part
 from infertune_operator.conditions import Cond, Transition
 from infertune_operator.context import Context
 from infertune_operator.naming import Body
@@ -34,14 +33,6 @@ _CONDITION: dict[str, tuple[conditions.ConditionStatus, str]] = {
 def _with(t: Transition, cond: Cond, status: VerificationStatus | None = None) -> Transition:
     fields = t.fields if status is None else t.fields.model_copy(update={"verification": status})
     return replace(t, conditions={**t.conditions, conditions.VERIFIED: cond}, fields=fields)
-
-
-def _old(body: Body) -> VerificationStatus | None:
-    raw = (body.get("status") or {}).get("verification")
-    try:
-        return VerificationStatus.model_validate(raw) if raw else None
-    except ValidationError:
-        return None
 
 
 def verify(
@@ -69,7 +60,7 @@ def verify(
     if ref is None:
         return transition
     vhash = verification.verification_hash(obj, ref, ctx.settings)
-    old = _old(body)
+    old = status_part(body, "verification", VerificationStatus)
     if transition.phase != "Ready":
         if old is not None and old.hash != vhash:
             cond = Cond("Unknown", conditions.VERIFICATION_PENDING,

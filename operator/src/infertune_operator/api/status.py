@@ -4,9 +4,10 @@ retune)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationError
 
 from infertune_operator.api.base import ApiModel
 from infertune_tuner.config import TrialConfig
@@ -164,3 +165,16 @@ class InferenceDeploymentStatus(ApiModel):
     def patch(self) -> dict[str, Any]:
         """The JSON merge patch of the fields that were set (None: delete the field)."""
         return self.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+Part = TypeVar("Part", bound=ApiModel)
+
+
+def status_part(body: Mapping[str, Any], key: str, model: type[Part]) -> Part | None:
+    """`status.<key>` of an object as `model`, or None when it is absent or not valid (written
+    by an older operator, or edited by hand: the operator then decides afresh)."""
+    raw = (body.get("status") or {}).get(key)
+    try:
+        return model.model_validate(raw) if raw else None
+    except ValidationError:
+        return None
