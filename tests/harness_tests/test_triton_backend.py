@@ -171,9 +171,10 @@ FAKE_LAUNCHER = textwrap.dedent(
     for flag in ("--world_size", "--model_repo", "--tensorrt_llm_model_name", "--grpc_port",
                  "--http_port", "--metrics_port"):
         p.add_argument(flag)
-    for flag in ("--no-mpi", "--trtllm_llmapi_launch", "--oversubscribe"):
+    for flag in ("--no-mpi", "--trtllm_llmapi_launch", "--oversubscribe", "--force"):
         p.add_argument(flag, action="store_true")
     a = p.parse_args()
+    assert a.force  # upstream refuses while another tritonserver runs (pgrep -r R) without it
     assert a.no_mpi == (a.world_size == "1") and a.trtllm_llmapi_launch == (a.world_size != "1")
     version = os.path.join(a.model_repo, a.tensorrt_llm_model_name, "1")
     assert os.path.isfile(os.path.join(version, "model.py"))
