@@ -39,6 +39,17 @@ METRICS_PORT = 8002
 INFERTUNE = str(Path(sys.executable).with_name("infertune"))
 
 
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    if proc.returncode is None:
+        proc.terminate()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
 @dataclass
 class ServingPod:
     name: str
@@ -51,13 +62,7 @@ class ServingPod:
         return f"127.0.0.1:{self.grpc}"
 
     async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), 10)
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
+        await _stop(self.proc)
 
 
 def _set(argv: list[str], flag: str, value: str) -> None:
@@ -142,13 +147,7 @@ class Load:
     proc: asyncio.subprocess.Process
 
     async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), 10)
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
+        await _stop(self.proc)
 
 
 async def start_load(

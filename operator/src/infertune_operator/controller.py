@@ -220,12 +220,10 @@ def _tuning(
     if job is None:
         try:
             job, fresh = _start_tuning(ctx, obj, body, th)
-        except creates.NotOurs as exc:
-            return reconcile.tuning_rejected(str(exc))
-        except k8s.ClientError as exc:
-            if exc.retryable:
+        except (creates.NotOurs, k8s.ClientError) as exc:
+            if (why := creates.refused(exc)) is None:
                 raise
-            return reconcile.tuning_rejected(str(exc))  # refused: say why, do not retry
+            return reconcile.tuning_rejected(why)  # refused: say why, do not retry
         if new and not fresh:  # 409: it existed after all (an earlier operator made it)
             raise _NotNew
         if fresh:  # once per tuning: what will probably fail, before GPU time is spent on it

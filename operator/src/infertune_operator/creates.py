@@ -23,6 +23,14 @@ class NotOurs(Exception):
     """An object we would create exists under its name, and no InferenceDeployment owns it."""
 
 
+def refused(exc: NotOurs | k8s.ClientError) -> str | None:
+    """Why a create failed for good (someone else's object under our name, a request the API
+    server rejects), or None when it is worth retrying with backoff (the caller re-raises)."""
+    if isinstance(exc, k8s.ClientError) and exc.retryable:
+        return None
+    return str(exc)
+
+
 def ensure_tuner_rbac(ctx: Context, namespace: str) -> None:
     """The tuner's ServiceAccount and RoleBinding (tuner, verification and retune Jobs run
     as it), once per namespace and operator process."""

@@ -53,13 +53,10 @@ def start(
     try:
         creates.create_owned(ctx, cm, body)
         live, created = creates.create_owned(ctx, job, body)
-    except creates.NotOurs as exc:
-        logger.warning("%s/%s: retune not started: %s", namespace, name, exc)
-        return None
-    except k8s.ClientError as exc:
-        if exc.retryable:
+    except (creates.NotOurs, k8s.ClientError) as exc:
+        if (why := creates.refused(exc)) is None:
             raise
-        logger.warning("%s/%s: retune not started: %s", namespace, name, exc)
+        logger.warning("%s/%s: retune not started: %s", namespace, name, why)
         return None
     job_name = live["metadata"]["name"]
     if created:  # an earlier retune's Job and request are history now

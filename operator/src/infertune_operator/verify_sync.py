@@ -128,13 +128,10 @@ def _start(
     desired = verification.verification_job(obj, body, ref, vhash, th, ctx.settings)
     try:
         job, created = creates.create_owned(ctx, desired, body)
-    except creates.NotOurs as exc:
-        logger.warning("%s/%s: %s", namespace, name, exc)
-        return None
-    except k8s.ClientError as exc:
-        if exc.retryable:
+    except (creates.NotOurs, k8s.ClientError) as exc:
+        if (why := creates.refused(exc)) is None:
             raise
-        logger.warning("%s/%s: verification Job refused: %s", namespace, name, exc)
+        logger.warning("%s/%s: verification Job refused: %s", namespace, name, why)
         return None
     if created:
         logger.info("%s/%s: verification Job %s created", namespace, name, job["metadata"]["name"])
