@@ -247,3 +247,18 @@ def test_a_tied_latency_moves_with_the_throughput_it_would_need() -> None:
     s = SearchSettings()
     assert could_win(cfg, data(-1.0), s.coverage_floor, s.improvement)
     assert not could_win(cfg, data(0.0), s.coverage_floor, s.improvement)  # judged on its own
+
+
+def test_bf16_and_fp16_weights_are_one_precision_to_the_rules_and_the_coverage() -> None:
+    """The model cannot tell bf16 from fp16 weights (the same kernels at the same width): a
+    bf16 batch that missed the SLO rules out larger fp16 batches, and a search does not go out
+    to "cover" fp16 after measuring bf16."""
+    req = request(e2e_p95=25600, quants=["fp16", "bf16", "fp8"])
+    planner, priors = _planner(req)
+    slow = TrialConfig(4, 64, "bf16", "auto")
+    known = Known.build(req, {slow: [_ok(900, e2e_ms=40000)]})
+    ruling = planner.ruling(TrialConfig(4, 96, "fp16", "auto"), known)
+    assert ruling is not None and ruling.exclusion == Exclusion.SLO_MISS and ruling.by == slow
+    wrong = _measured(req, priors, TP2, 2.0)
+    labels = {g.structure.label() for g in planner.gaps(wrong, planner.assess(wrong))}
+    assert not labels & {"fp16", "bf16"}, labels

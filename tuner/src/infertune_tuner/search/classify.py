@@ -9,9 +9,10 @@ order they are decided:
 - **out of memory**: at least as large in every memory dimension (same or lower TP, same or
   larger batch, same or wider weights and KV) as a configuration that ran out of memory;
 - **KV-capped**: at least as large as one whose KV cache held fewer sequences than its batch;
-- **SLO miss**: same TP and precision as a measured configuration that missed a latency bound by
-  more than the dominance margin, with a larger batch (latency grows with batch); or a smaller
-  batch than one that missed the tok/s/GPU floor by as much. The margin is wide because real
+- **SLO miss**: same TP and precision (bf16 and fp16 weights count as one: `evidence.kernels`)
+  as a measured configuration that missed a latency bound by more than the dominance margin,
+  with a larger batch (latency grows with batch); or a smaller batch than one that missed the
+  tok/s/GPU floor by as much. The margin is wide because real
   pools are not perfectly monotonic (a batch size without a CUDA graph can be slower than the
   next larger one);
 - **twin**: the performance model cannot tell it from a measured configuration (bf16 and fp16
@@ -28,7 +29,7 @@ from enum import StrEnum
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.metrics import OBJECTIVE
 from infertune_tuner.result import SloCheck
-from infertune_tuner.search.evidence import Known, memory_dims, twin
+from infertune_tuner.search.evidence import Known, kernels, memory_dims, twin
 
 
 class Exclusion(StrEnum):
@@ -91,8 +92,8 @@ def implied(cfg: TrialConfig, known: Known, dominance_margin: float) -> Ruling |
         if larger and cfg.max_batch_size >= other.max_batch_size and m.capped(other.max_batch_size):
             held = f"held only {m.concurrency:.0f} of its {other.max_batch_size} sequences"
             return Ruling(Exclusion.KV_CAPPED, other, detail=held)
-        same = (other.tp, other.quantization, other.kv_cache_dtype) == (
-            cfg.tp, cfg.quantization, cfg.kv_cache_dtype,
+        same = (other.tp, kernels(other.quantization), other.kv_cache_dtype) == (
+            cfg.tp, kernels(cfg.quantization), cfg.kv_cache_dtype,
         )  # fmt: skip
         if m.status != "ok" or not same:
             continue

@@ -43,6 +43,7 @@ from typing import Literal
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import SloBound
+from infertune_tuner.search.evidence import twins
 
 Dimension = Literal["tp", "quantization"]
 # A measurement of the structure within this factor of the target's batch covers it: half a unit
@@ -61,11 +62,14 @@ class Structure:
     """One tensor-parallel size or one weight quantization of the space."""
 
     dimension: Dimension
-    value: str  # "4" or "fp8"
+    value: str  # "4", "fp8", or twins such as "bf16/fp16"
 
     @classmethod
     def of(cls, cfg: TrialConfig) -> tuple[Structure, Structure]:
-        return cls("tp", str(cfg.tp)), cls("quantization", cfg.quantization)
+        # bf16 and fp16 weights are one structure (evidence.twins): a measurement of either
+        # shows how the other runs. (Two structures sent a search to "cover" fp16 at batch 48
+        # after bf16 at batch 24, same TP, had missed ITL by half: mixed mistral7b/A10 chat.)
+        return cls("tp", str(cfg.tp)), cls("quantization", twins(cfg.quantization))
 
     def holds(self, cfg: TrialConfig) -> bool:
         return self in Structure.of(cfg)

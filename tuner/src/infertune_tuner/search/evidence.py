@@ -131,7 +131,19 @@ def memory_dims(c: TrialConfig) -> tuple[float, float, float, float]:
     )
 
 
+def kernels(quantization: str) -> tuple[object, ...]:
+    """Weight quantizations that run the same kernels at the same width (bf16 and fp16) share
+    this key: the model cannot tell them apart, and neither can a measurement's shape."""
+    q = QUANTIZATIONS[quantization]
+    return (q.weight_bytes, q.compute)
+
+
+def twins(quantization: str) -> str:
+    """The weight quantizations that share `quantization`'s kernels, as one name ("bf16/fp16")."""
+    key = kernels(quantization)
+    return "/".join(sorted(n for n in QUANTIZATIONS if kernels(n) == key))
+
+
 def twin(c: TrialConfig) -> tuple[object, ...]:
     """Configurations the model cannot tell apart (bf16 vs fp16 weights) share a twin key."""
-    q = QUANTIZATIONS[c.quantization]
-    return (c.tp, c.max_batch_size, q.weight_bytes, q.compute, c.kv_cache_dtype)
+    return (c.tp, c.max_batch_size, *kernels(c.quantization), c.kv_cache_dtype)
