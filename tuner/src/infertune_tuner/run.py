@@ -26,8 +26,9 @@ from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report, SloCheck
-from infertune_tuner.search.driver import Search, SearchOutcome, study_name
+from infertune_tuner.search.driver import Search, SearchOutcome, make_sampler, study_name
 from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.records import executed_trials
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace, build_space
@@ -139,9 +140,13 @@ def tune(
         # One folder, one study: never start a second one where an earlier report lies.
         refuse_another_study(out_dir, storage, identity, shared=shared)
         backends.extend(backend_factory(i) for i in range(workers))
+        planner = Planner(request, space, priors, seed=seed, settings=settings)
+        run_id = uuid.uuid4().hex
+        sampler = make_sampler(request, space, planner, scope=None if shared else run_id, seed=seed)
         study = optuna.create_study(
-            study_name=name, storage=storage, direction="maximize", load_if_exists=True
-        )
+            study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+            sampler=sampler,
+        )  # fmt: skip
         record_identity(study, identity)
         deadline = (
             started + request.tuning.timeout_minutes * 60
@@ -149,8 +154,8 @@ def tune(
             else None
         )
         search = Search(
-            request, space, priors, study, seed=seed, on_trial=on_trial, deadline=deadline,
-            lock=ClaimLock(storage, name), shared=shared, settings=settings,
+            request, space, planner, study, run_id=run_id, on_trial=on_trial,
+            deadline=deadline, lock=ClaimLock(storage, name), shared=shared,
         )  # fmt: skip
         if not shared:  # no other process works on a journal: what still runs was interrupted
             search.recover_interrupted()

@@ -42,10 +42,10 @@ from infertune_tuner.search.records import (
     ATTR_MEASUREMENT,
     ATTR_PURPOSE,
     ExecutedTrial,
+    config_of,
     current_trials,
     known_from,
 )
-from infertune_tuner.search.samplers import config_of
 from infertune_tuner.search.untried import untried_groups
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import StopKind, StopReason

@@ -4,8 +4,9 @@ Organised like Optuna's own samplers (`optuna/samplers/_tpe/`, `_gp/`), top to b
 
 - `driver`: the Optuna study driven by `study.optimize`: claims, workers, the budget, resume;
 - `untried`: why each configuration that was not measured was not (for the report);
+- `samplers`: the `auto` sampler (handed to `create_study`; it decides from the study's trials
+  alone) and the guard around Optuna's TPE, random and grid samplers;
 - `records`: what each trial holds in the study, and reading the study back as evidence;
-- `samplers`: the `auto` sampler and the guard around Optuna's TPE, random and grid samplers;
 - `planner`: the model-guided decision (next trial, confirmation, stop rule, confidence);
 - `belief`: trials in flight believed at their posterior mean (batch proposals);
 - `evidence` | `model` | `memory_fit`: what was measured and what it rules out; the posterior

@@ -29,13 +29,13 @@ import json
 import logging
 import queue
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
@@ -43,7 +43,6 @@ from infertune_tuner import slo
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
 from infertune_tuner.search.evidence import Known
@@ -57,19 +56,19 @@ from infertune_tuner.search.records import (
     ATTR_PURPOSE,
     ATTR_RUN,
     ATTR_SKIP,
+    config_of,
     known_from,
     measurement_to_attr,
 )
 from infertune_tuner.search.samplers import (
+    Admissible,
     AutoSampler,
     BudgetCallback,
     SkipRuledOut,
-    config_of,
     make_base_sampler,
     stop,
     stopped,
 )
-from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import STOP_ATTR, TIMEOUT, StopKind, StopReason, aborted, budget
 from infertune_tuner.storage import ClaimLock, fail_stale
@@ -123,62 +122,73 @@ class SearchOutcome:
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
 
 
+def make_sampler(
+    request: TuningRequest, space: SearchSpace, planner: Planner, *, scope: str | None, seed: int
+) -> BaseSampler:
+    """The study's sampler for `request.tuning.sampler`: `auto`, or Optuna's own wrapped so
+    that it proposes candidates only. It is handed to `optuna.create_study`.
+
+    Args:
+        request: The tuning request.
+        space: Its search space.
+        planner: The search core for it.
+        scope: The run whose `error` trials count (None: every worker's, on a shared study).
+        seed: The sampler's seed.
+    """
+    dists = distributions(space)
+    if request.tuning.sampler == "auto":
+        return AutoSampler(planner, dists, budget=request.tuning.max_trials, scope=scope, seed=seed)
+    base = make_base_sampler(request.tuning.sampler, dists, seed)
+    return SkipRuledOut(base, Admissible(planner, scope), dists, seed=seed)
+
+
 class Search:
+    """Runs a study whose sampler `make_sampler` built: claims, measures and records trials.
+
+    Args:
+        request: The tuning request.
+        space: Its search space.
+        planner: The search core (the sampler's, for `auto`).
+        study: The study, created with `make_sampler`'s sampler.
+        run_id: This run's id, recorded on its trials (`make_sampler`'s scope, unless shared).
+        on_trial: Called after each measurement with what the study then knows.
+        deadline: `time.monotonic()` after which no trial starts.
+        lock: The study's claim lock (storage.ClaimLock).
+        shared: Whether other processes work on the same study.
+    """
+
     def __init__(
         self,
         request: TuningRequest,
         space: SearchSpace,
-        priors: dict[TrialConfig, Prediction],
+        planner: Planner,
         study: Study,
         *,
-        seed: int,
+        run_id: str,
         on_trial: OnTrial | None = None,
         deadline: float | None = None,
         lock: Claim | None = None,
         shared: bool = False,
-        settings: SearchSettings | None = None,
     ) -> None:
         self.request = request
         self.space = space
-        self.priors = priors
+        self.priors = planner.priors
         self.study = study
         self.max_trials = request.tuning.max_trials
         self.on_trial = on_trial
         self.deadline = deadline
-        self.run_id = uuid.uuid4().hex
+        self.run_id = run_id
         # Workers of a shared study are one run: an error another worker met counts for all.
         self.scope: str | None = None if shared else self.run_id
         self.shared = shared
         self.lock: Claim = lock if lock is not None else ClaimLock(None)
         self.dists = distributions(space)
-        self.planner = Planner(request, space, priors, seed=seed, settings=settings)
-        self.auto: AutoSampler | None = None
-        self._admissible: tuple[object, set[TrialConfig]] | None = None
-        if request.tuning.sampler == "auto":
-            self.auto = AutoSampler(
-                self.planner, self.dists, self.known, budget=self.max_trials, seed=seed
-            )
-            study.sampler = self.auto
-        else:
-            base = make_base_sampler(request.tuning.sampler, self.dists, seed)
-            study.sampler = SkipRuledOut(base, self.admissible, self.dists, seed=seed)
+        self.planner = planner
+        self.auto = study.sampler if isinstance(study.sampler, AutoSampler) else None
+        self.admissible = Admissible(planner, self.scope)
 
     def known(self, study: Study, extra: FrozenTrial | None = None) -> Known:
         return known_from(self.request, study, self.scope, extra)
-
-    def admissible(self, study: Study) -> set[TrialConfig]:
-        """Configurations a wrapped sampler may propose: not ruled out, not measured, not running."""
-        known = self.known(study)
-        # Each parameter of a trial asks again: answer from the same study state once.
-        state = (
-            frozenset((c, len(ms)) for c, ms in known.runs.items()),
-            frozenset(known.in_flight),
-        )
-        if self._admissible is not None and self._admissible[0] == state:
-            return self._admissible[1]
-        allowed = {c for c in self.space.configs if self.planner.ruling(c, known) is None}
-        self._admissible = (state, allowed)
-        return allowed
 
     # -- resume
 
@@ -237,10 +247,8 @@ class Search:
         elif self.auto is not None:
             decision = self.auto.decision_for(self.study, trial.number)
             if decision.config is None and decision.stop is None:
-                self.auto.forget(trial.number)
                 raise _Wait
             cfg = self._suggest(trial)
-            self.auto.forget(trial.number)
             if decision.config != cfg:
                 why = decision.stop or StopReason(StopKind.EXHAUSTED, "nothing to measure now")
                 self._skip(trial, cfg.label(), why)

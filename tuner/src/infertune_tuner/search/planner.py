@@ -170,6 +170,11 @@ class Planner:
             dominance_margin=self.settings.dominance_margin,
         )  # fmt: skip
 
+    def admissible(self, known: Known) -> set[TrialConfig]:
+        """What a wrapped Optuna sampler may propose: every configuration of the space that is
+        a candidate (not ruled out, not measured, not in flight)."""
+        return {c for c in self.margin if self.ruling(c, known) is None}
+
     def candidates(self, known: Known) -> tuple[list[TrialConfig], dict[TrialConfig, Ruling]]:
         """Untried candidates, and why every other unmeasured configuration of the memory
         model's universe is not one (a measured neighbour or twin rules it out).

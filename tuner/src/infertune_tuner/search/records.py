@@ -7,6 +7,7 @@ configuration recorded, or WAITING to be re-run after its worker died.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,6 @@ from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
 from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.samplers import config_of
 
 ATTR_CONFIG = "config"
 ATTR_MEASUREMENT = "measurement"
@@ -30,6 +30,16 @@ ATTR_SKIP = "skipped"
 ATTR_RUN = "run"
 ATTR_PURPOSE = "purpose"
 CLAIMED = (TrialState.RUNNING, TrialState.WAITING)
+
+
+def config_of(params: Mapping[str, Any]) -> TrialConfig:
+    """The configuration a trial's parameters (or its recorded configuration) stand for."""
+    return TrialConfig(
+        int(params["tp"]),
+        int(params["max_batch_size"]),
+        str(params["quantization"]),
+        str(params["kv_cache_dtype"]),
+    )
 
 
 def measurement_to_attr(m: Measurement) -> dict[str, Any]:
@@ -121,19 +131,43 @@ def current_trials(
     return sorted(out, key=lambda e: e.number)
 
 
-def claimed(trials: list[FrozenTrial], exclude: int | None = None) -> set[TrialConfig]:
-    """Configurations in flight: claimed by a running trial or waiting to be re-run."""
-    return {
-        config_of(t.user_attrs[ATTR_CONFIG])
-        for t in trials
-        if t.state in CLAIMED and ATTR_CONFIG in t.user_attrs and t.number != exclude
-    }
+def claimed(
+    trials: list[FrozenTrial],
+    exclude: int | None = None,
+    decided: Mapping[int, TrialConfig] | None = None,
+) -> set[TrialConfig]:
+    """Configurations in flight: claimed by a running trial or waiting to be re-run.
+
+    `decided`: what a sampler of this process chose for trials by number. A running trial's
+    choice is in flight from the moment it is made, before its objective records it."""
+    decided = decided or {}
+    out = set()
+    for t in trials:
+        if t.state not in CLAIMED or t.number == exclude:
+            continue
+        if ATTR_CONFIG in t.user_attrs:
+            out.add(config_of(t.user_attrs[ATTR_CONFIG]))
+        elif t.number in decided:
+            out.add(decided[t.number])
+    return out
 
 
 def known_from(
-    request: TuningRequest, study: Study, run: str | None = None, extra: FrozenTrial | None = None
+    request: TuningRequest,
+    study: Study,
+    run: str | None = None,
+    extra: FrozenTrial | None = None,
+    decided: Mapping[int, TrialConfig] | None = None,
 ) -> Known:
-    """What the study knows: every current measurement and the configurations in flight."""
+    """What the study knows: every current measurement and the configurations in flight.
+
+    Args:
+        request: The tuning request (its SLO judges each measurement).
+        study: The study; its storage is read once.
+        run: The run whose `error` trials count (None: every run's, as for shared workers).
+        extra: A trial just measured but not yet told (it is not in flight).
+        decided: Choices a sampler of this process made for running trials (`claimed`).
+    """
     trials = study.get_trials(deepcopy=False)  # one read of the storage
     runs: dict[TrialConfig, list[Measurement]] = {}
     covers = []
@@ -141,4 +175,14 @@ def known_from(
         runs.setdefault(e.config, []).append(e.measurement)
         if e.purpose == "cover":
             covers.append(e.config)
-    return Known.build(request, runs, claimed(trials, extra.number if extra else None), covers)
+    exclude = extra.number if extra else None
+    return Known.build(request, runs, claimed(trials, exclude, decided), covers)
+
+
+def deciding(trials: list[FrozenTrial], exclude: int | None = None) -> bool:
+    """Whether some running trial has no configuration yet: a worker is choosing one, or is
+    waiting for trials in flight before it can."""
+    return any(
+        t.state == TrialState.RUNNING and ATTR_CONFIG not in t.user_attrs and t.number != exclude
+        for t in trials
+    )

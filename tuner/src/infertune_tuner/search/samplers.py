@@ -1,13 +1,18 @@
-"""The search as Optuna samplers and callbacks (public Optuna API only).
+"""The search as Optuna samplers and callbacks.
 
-- `AutoSampler`: the model-guided search (strategy.Planner) as a relative sampler over the four
-  configuration parameters. Like Optuna's `BruteForceSampler`, its `after_trial` calls
+- `AutoSampler`: the model-guided search (planner.Planner) as a relative sampler over the four
+  configuration parameters, handed to `optuna.create_study` like any other sampler. It reads
+  everything it decides from from the study's storage: the measurements the trials recorded and
+  the configurations in flight (RUNNING trials; records.known_from), so every worker - a thread
+  here, a process on shared storage - decides from the same evidence and nothing has to tell
+  the sampler what happened. Like Optuna's `BruteForceSampler`, its `after_trial` calls
   `study.stop()` when the search is done (here: when the stop rule holds).
 - `SkipRuledOut`: wraps any sampler (TPE, random, grid) so that it never proposes a
   configuration the memory model rules out by a wide margin, one the measurements already rule
   out, or one already measured: a full relative proposal that breaks a rule is dropped, and each
   independently sampled value is kept only if some admissible configuration still extends the
-  parameters chosen so far (else an admissible value is drawn instead).
+  parameters chosen so far (else an admissible value is drawn instead). `Admissible` answers
+  which configurations those are, from the study's storage as well.
 - `BudgetCallback`: stops the study once `maxTrials` trials have been executed (the trials that
   count: measured ones, confirmations included; skipped ones cost nothing).
 
@@ -32,18 +37,8 @@ from optuna.trial import FrozenTrial, TrialState
 from infertune_tuner.config import CONFIG_KEYS, TrialConfig
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Decision, Planner
+from infertune_tuner.search.records import config_of, deciding, known_from
 from infertune_tuner.stop import STOP_ATTR, StopReason, budget
-
-KnownSource = Callable[[Study, FrozenTrial | None], Known]
-
-
-def config_of(params: dict[str, Any]) -> TrialConfig:
-    return TrialConfig(
-        int(params["tp"]),
-        int(params["max_batch_size"]),
-        str(params["quantization"]),
-        str(params["kv_cache_dtype"]),
-    )
 
 
 def stop(study: Study, reason: StopReason) -> None:
@@ -59,42 +54,52 @@ def stopped(study: Study) -> StopReason | None:
 
 
 class AutoSampler(BaseSampler):
-    """Model-guided relative sampling with a posterior stop rule (see planner.py)."""
+    """Model-guided relative sampling with a posterior stop rule (see planner.py).
+
+    Args:
+        planner: The pure search core for the request.
+        distributions: The four configuration parameters.
+        budget: `maxTrials`: executed trials plus trials in flight never exceed it.
+        scope: The run whose `error` trials count (None: every run's; records.current_trials).
+        seed: For the values Optuna asks of `sample_independent` (a decision with no
+            configuration: the trial is skipped).
+    """
 
     def __init__(
         self,
         planner: Planner,
         distributions: dict[str, BaseDistribution],
-        known: KnownSource,
         *,
         budget: int,
+        scope: str | None = None,
         seed: int = 0,
     ) -> None:
-        self._planner = planner
+        self.planner = planner
         self._dists = distributions
-        self._known = known
         self._budget = budget
+        self._scope = scope
         self._fallback = RandomSampler(seed=seed)
         self._lock = threading.Lock()
-        self._pending: dict[int, TrialConfig] = {}
-        self.decisions: dict[int, Decision] = {}
-        self.last: Decision | None = None
-        self._state: object = None
+        # What this process decided for its running trials, by number: a decision is final once
+        # made (the trial's parameters follow it), and in flight until the trial ends.
+        self._decided: dict[int, Decision] = {}
+        self._last: tuple[object, Decision] | None = None
+
+    def known(self, study: Study, extra: FrozenTrial | None = None) -> Known:
+        """The study's evidence, with this process's choices for running trials in flight."""
+        mine = {n: d.config for n, d in self._decided.items() if d.config is not None}
+        return known_from(self.planner.request, study, self._scope, extra, mine)
 
     def _decide(self, known: Known) -> Decision:
         remaining = self._budget - known.executed - len(known.in_flight)
         # after_trial and the next sample_relative usually see the same state: decide once.
         state = (tuple((c, len(ms)) for c, ms in sorted(known.runs.items())),
                  frozenset(known.in_flight), remaining)  # fmt: skip
-        if self.last is not None and self._state == state:
-            return self.last
-        decision = self._planner.decide(known, remaining=remaining)
-        self.last, self._state = decision, state
+        if self._last is not None and self._last[0] == state:
+            return self._last[1]
+        decision = self.planner.decide(known, remaining=remaining)
+        self._last = (state, decision)
         return decision
-
-    def _with_pending(self, known: Known, exclude: int | None = None) -> Known:
-        known.in_flight |= {c for n, c in self._pending.items() if n != exclude}
-        return known
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
@@ -108,23 +113,19 @@ class AutoSampler(BaseSampler):
         return decision.config.as_dict() if decision.config is not None else {}
 
     def decision_for(self, study: Study, number: int) -> Decision:
-        """Decide what trial `number` measures (once; Optuna never asks the sampler when every
-        parameter has a single choice, so the objective asks here instead)."""
-        with self._lock:
-            if number in self.decisions:
-                return self.decisions[number]
-            decision = self._decide(self._with_pending(self._known(study, None), number))
-            self.decisions[number] = decision
-            if decision.config is not None:
-                self._pending[number] = decision.config
-            return decision
+        """What trial `number` measures, or why it measures nothing (stop), or neither (wait:
+        only trials in flight may still change the answer; asked again, it decides again).
 
-    def forget(self, number: int) -> None:
-        """Drop what was decided for trial `number` (claimed, skipped, or waiting to decide
-        again): from now on the study says what is in flight."""
+        Optuna asks `sample_relative` only for parameters with more than one choice, so an
+        objective asks here before it suggests: both get the same, final, decision.
+        """
         with self._lock:
-            self.decisions.pop(number, None)
-            self._pending.pop(number, None)
+            if number in self._decided:
+                return self._decided[number]
+            decision = self._decide(self.known(study))
+            if decision.config is not None or decision.stop is not None:
+                self._decided[number] = decision
+            return decision
 
     def sample_independent(
         self,
@@ -143,10 +144,12 @@ class AutoSampler(BaseSampler):
         values: Sequence[float] | None,
     ) -> None:
         with self._lock:
-            self._pending.pop(trial.number, None)
+            self._decided.pop(trial.number, None)
             if state == TrialState.PRUNED:
                 return
-            decision = self._decide(self._with_pending(self._known(study, trial)))
+            if deciding(study.get_trials(deepcopy=False), exclude=trial.number):
+                return  # a worker choosing (or waiting) decides whether to stop
+            decision = self._decide(self.known(study, trial))
         if decision.stop is not None:
             stop(study, decision.stop)
 
@@ -154,7 +157,26 @@ class AutoSampler(BaseSampler):
         self._fallback.reseed_rng()
 
 
-Admissible = Callable[[Study], set[TrialConfig]]
+class Admissible:
+    """The configurations a wrapped sampler may propose in a study (Planner.admissible, from
+    the study's storage), read once per study state: every parameter of a trial asks again."""
+
+    def __init__(self, planner: Planner, scope: str | None = None) -> None:
+        self.planner = planner
+        self._scope = scope
+        self._last: tuple[object, set[TrialConfig]] | None = None
+
+    def __call__(self, study: Study) -> set[TrialConfig]:
+        known = known_from(self.planner.request, study, self._scope)
+        state = (
+            frozenset((c, len(ms)) for c, ms in known.runs.items()),
+            frozenset(known.in_flight),
+        )
+        if self._last is not None and self._last[0] == state:
+            return self._last[1]
+        allowed = self.planner.admissible(known)
+        self._last = (state, allowed)
+        return allowed
 
 
 class SkipRuledOut(BaseSampler):
@@ -163,7 +185,7 @@ class SkipRuledOut(BaseSampler):
     def __init__(
         self,
         base: BaseSampler,
-        admissible: Admissible,
+        admissible: Callable[[Study], set[TrialConfig]],
         distributions: dict[str, BaseDistribution],
         *,
         seed: int = 0,
