@@ -182,12 +182,49 @@ class NoisyReplay:
         return None
 
 
+class KernelLuck:
+    """A pool whose every configuration runs a fixed factor off what its neighbours suggest:
+    tok/s/GPU x f, every latency / f, f = exp(N(0, sd)) drawn once per configuration (seeded
+    per world). It stands for per-shape luck no smooth model has a term for: the GEMM tactic an
+    autotuner picked, a batch size that pads, an attention kernel that changes at a sequence
+    count. A stress form nobody fitted the hyperprior on or tuned the search on."""
+
+    def __init__(self, inner: BenchmarkBackend | NoisyReplay, sd: float, world: str) -> None:
+        self.inner, self.sd, self.world = inner, sd, world
+        self.name = inner.name
+        self.speedup = inner.speedup
+
+    def factor(self, config: TrialConfig) -> float:
+        return math.exp(float(_rng("luck", self.world, config.label()).normal(0, self.sd)))
+
+    def _scaled(self, m: Measurement, f: float) -> Measurement:
+        if m.status != "ok":
+            return m
+        lat: dict[str, Percentiles | None] = {}
+        for x in LATENCY_METRICS:
+            p = m.percentiles(x.key)
+            lat[x.key] = None if p is None else Percentiles(p.p50 / f, p.p95 / f, p.p99 / f)
+        tps = (m.output_tokens_per_s_per_gpu or 0.0) * f
+        return Measurement.ok(lat, output_tokens_per_s_per_gpu=tps, requests=m.requests,
+                              duration_s=m.duration_s, concurrency=m.concurrency)  # fmt: skip
+
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
+        return self._scaled(self.inner.run(config, repeat=repeat), self.factor(config))
+
+    def truth(self, config: TrialConfig) -> Measurement:
+        return self._scaled(self.inner.truth(config), self.factor(config))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 @dataclass(frozen=True)
 class World:
     family: str
     name: str  # scenario name or dev table
     seed: int
     scenario: tuple | None = field(default=None, compare=False)  # type: ignore[type-arg]
+    luck: float = 0.0  # KernelLuck's sd (0: none)
 
     def request(self, sampler: str = "auto", budget: int = 40) -> TuningRequest:
         if self.scenario is not None:
@@ -198,24 +235,31 @@ class World:
     def folder(self) -> Path:
         return TABLE_FAMILIES[self.family][0]
 
-    def backend(self, request: TuningRequest) -> BenchmarkBackend | NoisyReplay:
+    def backend(self, request: TuningRequest) -> BenchmarkBackend | NoisyReplay | KernelLuck:
+        pool: BenchmarkBackend | NoisyReplay
         if self.scenario is not None:
-            return WorldBackend(request, self.family, seed=self.seed)
-        return NoisyReplay(load_table(self.folder / f"{self.name}.csv"), self.name, self.seed)
+            pool = WorldBackend(request, self.family, seed=self.seed)
+        else:
+            pool = NoisyReplay(load_table(self.folder / f"{self.name}.csv"), self.name, self.seed)
+        if self.luck:
+            return KernelLuck(pool, self.luck, f"{self.family}:{self.name}:{self.seed}")
+        return pool
 
 
-def worlds(families: list[str], seeds: int, scenarios: list[int] | None = None) -> list[World]:
+def worlds(
+    families: list[str], seeds: int, scenarios: list[int] | None = None, luck: float = 0.0
+) -> list[World]:
     out = []
     for fam in families:
         if fam in FAMILIES:
             for i in scenarios if scenarios is not None else range(len(SCENARIOS)):
                 sc = SCENARIOS[i]
-                out += [World(fam, sc[0], s, sc) for s in range(seeds)]
+                out += [World(fam, sc[0], s, sc, luck) for s in range(seeds)]
         elif fam in TABLE_FAMILIES:
             folder, prefix = TABLE_FAMILIES[fam]
             index = json.loads((folder / "index.json").read_text())
             names = sorted(w["world"] for w in index if w["world"].startswith(prefix))
-            out += [World(fam, n, s) for n in names for s in range(seeds)]
+            out += [World(fam, n, s, luck=luck) for n in names for s in range(seeds)]
         else:
             raise SystemExit(f"unknown family {fam!r}; use {', '.join(ALL_FAMILIES)}")
     return out
