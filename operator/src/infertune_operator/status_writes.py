@@ -60,7 +60,6 @@ def retry_later(
 
 def write_outage(ctx: Context, body: Body, outage: Outage) -> None:
     """Synced=False ApiUnavailable (and phase Pending for an object that has none yet)."""
-    meta = body["metadata"]
     old = body.get("status") or {}
     message = (
         f"ApiUnavailable since {outage.since}: {outage.error}. Retrying with backoff; until "
@@ -73,17 +72,31 @@ def write_outage(ctx: Context, body: Body, outage: Outage) -> None:
             conditions.SYNCED: conditions.Cond("False", conditions.API_UNAVAILABLE, message)
         },
     )
-    new = conditions.next_status(
-        old, transition, generation=None, now=ctx.clock(), tuning_hash=None
-    )
-    patch = conditions.status_patch(old, new)
-    if patch:
-        ctx.kube.patch(
-            k8s.INFERENCEDEPLOYMENTS, meta["namespace"], meta["name"], {"status": patch},
-            subresource="status",
-        )  # fmt: skip
+    new, _ = _apply(ctx, body, transition, generation=None, th=None)
     for event in conditions.transition_events(old, new):
         ctx.post_event(body, event)
+
+
+def _apply(
+    ctx: Context,
+    body: Body,
+    transition: conditions.Transition,
+    *,
+    generation: int | None,
+    th: str | None,
+) -> tuple[Body, Body | None]:
+    """Patch the status `transition` leads to from the object's own (only what changed);
+    returns the new status and the patch (None or empty: nothing was written). Raises
+    k8s.NotFound when the object is gone."""
+    meta = body["metadata"]
+    old = body.get("status") or {}
+    new = conditions.next_status(old, transition, generation=generation, now=ctx.clock(),
+                                 tuning_hash=th)  # fmt: skip
+    patch = conditions.status_patch(old, new)
+    if patch:
+        ctx.kube.patch(k8s.INFERENCEDEPLOYMENTS, meta["namespace"], meta["name"],
+                       {"status": patch}, subresource="status")  # fmt: skip
+    return new, patch
 
 
 def write_status(
@@ -102,18 +115,10 @@ def write_status(
         transition = replace(transition, conditions={
             **transition.conditions, conditions.SYNCED: _recovery(ctx, namespace, name, old),
         })  # fmt: skip
-    generation = meta.get("generation")
-    new = conditions.next_status(
-        old, transition, generation=generation, now=ctx.clock(), tuning_hash=th
-    )
-    patch = conditions.status_patch(old, new)
-    if patch:
-        try:
-            ctx.kube.patch(
-                k8s.INFERENCEDEPLOYMENTS, namespace, name, {"status": patch}, subresource="status"
-            )
-        except k8s.NotFound:
-            return
+    try:
+        new, _ = _apply(ctx, body, transition, generation=meta.get("generation"), th=th)
+    except k8s.NotFound:
+        return
     ctx.recovered(namespace, name)
     for event in (*conditions.transition_events(old, new), *transition.events):
         ctx.post_event(body, event)
@@ -144,24 +149,15 @@ def write_aside(
 ) -> bool:
     """A write beside the sync's (the observer's): conditions and fields, the phase, message,
     observedGeneration and tuning hash left as they are. True when something was written."""
-    meta = body["metadata"]
     old = body.get("status") or {}
     transition = conditions.Transition(
         phase=old.get("phase") or "Pending", message=old.get("message") or "",
         conditions=updates, fields=fields,
     )  # fmt: skip
-    new = conditions.next_status(
-        old, transition, generation=None, now=ctx.clock(), tuning_hash=None
-    )
-    patch = conditions.status_patch(old, new)
-    if patch:
-        try:
-            ctx.kube.patch(
-                k8s.INFERENCEDEPLOYMENTS, meta["namespace"], meta["name"], {"status": patch},
-                subresource="status",
-            )  # fmt: skip
-        except k8s.NotFound:
-            return False
+    try:
+        new, patch = _apply(ctx, body, transition, generation=None, th=None)
+    except k8s.NotFound:
+        return False
     for event in (*conditions.transition_events(old, new), *events):
         ctx.post_event(body, event)
     return bool(patch)
