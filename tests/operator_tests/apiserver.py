@@ -263,6 +263,13 @@ def get(api: FakeApiServer, plural: str, name: str, namespace: str = NS) -> dict
     return next((o for o in objects(api, plural, namespace) if o["metadata"]["name"] == name), None)
 
 
+def idf(api: FakeApiServer, name: str) -> dict[str, Any]:
+    """The InferenceDeployment `name` (it must exist)."""
+    obj = get(api, "inferencedeployments", name)
+    assert obj is not None
+    return obj
+
+
 def events_for(api: FakeApiServer, name: str) -> list[dict[str, Any]]:
     return [
         e for e in objects(api, "events") if (e.get("involvedObject") or {}).get("name") == name

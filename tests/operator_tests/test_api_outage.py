@@ -11,7 +11,6 @@ import itertools
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,6 +24,7 @@ from .apiserver import (
     create,
     events_for,
     get,
+    idf,
     jobs_of,
     manifest,
     phase,
@@ -36,12 +36,6 @@ from .apiserver import (
 TIME_SCALE = 0.05
 BACKOFF = Backoff(time_scale=TIME_SCALE)
 JOB_CREATE = "POST jobs/"
-
-
-def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
-    obj = get(api, "inferencedeployments", name)
-    assert obj is not None
-    return obj
 
 
 async def test_a_minute_of_5xx_on_job_creation_is_shown_retried_with_growing_delays_and_recovers(
@@ -62,7 +56,7 @@ async def test_a_minute_of_5xx_on_job_creation_is_shown_retried_with_growing_del
             timeout=60 * TIME_SCALE, what="Synced=False ApiUnavailable during the outage",
         )  # fmt: skip
         assert outage.active(), "the condition came only after the outage"
-        synced = condition(_idf(api, "blip"), "Synced")
+        synced = condition(idf(api, "blip"), "Synced")
         assert synced["status"] == "False"
         assert synced["message"].startswith("ApiUnavailable since ")
         assert "create jobs/blip-tune-" in synced["message"]
@@ -80,10 +74,10 @@ async def test_a_minute_of_5xx_on_job_creation_is_shown_retried_with_growing_del
             == "ApiRecovered",
             what="Synced=True ApiRecovered",
         )  # fmt: skip
-        recovered = condition(_idf(api, "blip"), "Synced")
+        recovered = condition(idf(api, "blip"), "Synced")
         assert recovered["status"] == "True"
         assert "ApiUnavailable since " in recovered["message"]
-        assert condition(_idf(api, "blip"), "Tuned")["reason"] == "TuningPending"
+        assert condition(idf(api, "blip"), "Tuned")["reason"] == "TuningPending"
         await wait_for(
             lambda: [e for e in events_for(api, "blip") if e["reason"] == "ApiRecovered"],
             what="an ApiRecovered event",

@@ -15,6 +15,7 @@ from .apiserver import (
     create,
     events_for,
     get,
+    idf,
     make_available,
     manifest,
     patch,
@@ -27,12 +28,6 @@ from .apiserver import (
 BF16 = {"tensorParallel": [1, 2], "maxBatchSize": [4, 8, 16], "quantization": ["bf16"],
         "kvCacheDtype": ["auto"]}  # fmt: skip
 TRITON = {"backend": "triton", "maxTrials": 6, "seed": 1}
-
-
-def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
-    obj = get(api, "inferencedeployments", name)
-    assert obj is not None
-    return obj
 
 
 def _pod(api: FakeApiServer, name: str) -> dict[str, Any]:
@@ -48,7 +43,7 @@ async def _respec(
     api: FakeApiServer, name: str, change: dict[str, Any], tmp_path: Path
 ) -> dict[str, Any]:
     """Change the spec with a merge patch, the tuning for the new spec already done."""
-    body = _idf(api, name)
+    body = idf(api, name)
     from kmock._internal.dicts import patch_dict
 
     future = {**body, "spec": dict(patch_dict(body["spec"], change))}
@@ -94,7 +89,7 @@ async def test_placement_the_spec_drops_leaves_the_deployment(
     assert "nodeSelector" not in pod and "tolerations" not in pod and "affinity" not in pod
     live = get(api, "deployments", "place") or {}
     assert live["metadata"]["annotations"]["team.example/owner"] == "ml"
-    assert condition(_idf(api, "place"), "Deployed")["reason"] == "ServingApplied"
+    assert condition(idf(api, "place"), "Deployed")["reason"] == "ServingApplied"
 
 
 async def test_a_refused_apply_is_reported_once_and_not_retried(
@@ -111,10 +106,10 @@ async def test_a_refused_apply_is_reported_once_and_not_retried(
     limits = {"limits": {"cpu": "-1"}}
     await patch(api, "inferencedeployments", "refuse", {"spec": {"serving": {"resources": limits}}})
     await wait_for(
-        lambda: condition(_idf(api, "refuse"), "Deployed").get("reason") == "ApplyFailed",
+        lambda: condition(idf(api, "refuse"), "Deployed").get("reason") == "ApplyFailed",
         what="Deployed=False/ApplyFailed",
     )
-    obj = _idf(api, "refuse")
+    obj = idf(api, "refuse")
     deployed = condition(obj, "Deployed")
     assert deployed["status"] == "False"
     assert "spec.template.spec.containers[0].resources.limits.cpu" in deployed["message"]
@@ -135,7 +130,7 @@ async def test_a_refused_apply_is_reported_once_and_not_retried(
     limits = {"limits": {"cpu": "3"}}
     await patch(api, "inferencedeployments", "refuse", {"spec": {"serving": {"resources": limits}}})
     await wait_for(
-        lambda: condition(_idf(api, "refuse"), "Deployed").get("reason") == "ServingApplied",
+        lambda: condition(idf(api, "refuse"), "Deployed").get("reason") == "ServingApplied",
         what="Deployed=True again",
     )
     assert _pod(api, "refuse")["containers"][0]["resources"]["limits"]["cpu"] == "3"
@@ -149,7 +144,7 @@ async def test_a_malformed_quantity_is_an_invalid_spec_before_any_apply(
     body = manifest("lots", serving={"resources": {"limits": {"cpu": "lots"}}})
     await create(api, body)
     await wait_for(lambda: phase(api, "lots") == "Failed", what="phase Failed")
-    tuned = condition(_idf(api, "lots"), "Tuned")
+    tuned = condition(idf(api, "lots"), "Tuned")
     assert tuned["reason"] == "InvalidSpec"
     assert (
         "spec.serving.resources.limits.cpu: 'lots' is not a Kubernetes quantity" in tuned["message"]
@@ -164,11 +159,11 @@ async def test_a_refused_tuner_job_is_reported_in_the_status(
     serving = {"resources": {"limits": {"cpu": "-1"}}}
     await create(api, manifest("nojob", search=BF16, tuning=TRITON, serving=serving))
     await wait_for(lambda: phase(api, "nojob") == "Failed", what="phase Failed")
-    tuned = condition(_idf(api, "nojob"), "Tuned")
+    tuned = condition(idf(api, "nojob"), "Tuned")
     assert tuned["status"] == "False" and tuned["reason"] == "ApplyFailed"
     assert tuned["message"].startswith("cannot start tuning: create jobs/nojob-tune-")
     assert "must be greater than or equal to 0" in tuned["message"]
-    assert get(api, "jobs", f"nojob-tune-{_idf(api, 'nojob')['status']['tuningHash']}") is None
+    assert get(api, "jobs", f"nojob-tune-{idf(api, 'nojob')['status']['tuningHash']}") is None
     await wait_for(
         lambda: [e for e in events_for(api, "nojob") if e["reason"] == "ApplyFailed"],
         what="an ApplyFailed event",

@@ -9,7 +9,6 @@ import copy
 import gzip
 import random
 from pathlib import Path
-from typing import Any
 
 from infertune_operator import k8s, reconcile, report_store, tuner_job
 from infertune_operator.report_owner import WriteAction
@@ -27,6 +26,7 @@ from .apiserver import (
     create,
     finish_job,
     get,
+    idf,
     jobs_of,
     manifest,
     phase,
@@ -35,12 +35,6 @@ from .apiserver import (
 )
 from .largest_study import largest_manifest, largest_report
 from .test_cli_operator import _invoke_async
-
-
-def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
-    obj = get(api, "inferencedeployments", name)
-    assert obj is not None
-    return obj
 
 
 async def test_a_job_without_timeout_has_a_deadline_and_the_status_says_it_ended_on_it(
@@ -61,7 +55,7 @@ async def test_a_job_without_timeout_has_a_deadline_and_the_status_says_it_ended
     await finish_job(api, job["metadata"]["name"], succeeded=False, reason="DeadlineExceeded",
                      message="Job was active longer than specified deadline")  # fmt: skip
     await wait_for(lambda: phase(api, "bounded") == "Failed", what="phase Failed")
-    tuned = condition(_idf(api, "bounded"), "Tuned")
+    tuned = condition(idf(api, "bounded"), "Tuned")
     assert tuned["status"] == "False" and tuned["reason"] == "TuningDeadlineExceeded"
     assert (
         "ran into its deadline of 9 h 10 min (activeDeadlineSeconds 33000 = 6 trials"
@@ -124,7 +118,7 @@ async def test_the_largest_study_the_crd_allows_is_reported_within_1_mib(
 
     # The operator serves from it, and the status counts every configuration considered.
     await wait_for(lambda: phase(api, "huge") == "Deploying", timeout=30, what="phase Deploying")
-    trials = _idf(api, "huge")["status"]["trials"]
+    trials = idf(api, "huge")["status"]["trials"]
     assert trials == {"executed": 1000, "total": 4480}
 
 

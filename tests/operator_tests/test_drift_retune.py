@@ -30,6 +30,7 @@ from .apiserver import (
     events_for,
     finish_job,
     get,
+    idf,
     jobs_of,
     make_available,
     manifest,
@@ -64,14 +65,8 @@ async def fast_operator(api: FakeApiServer) -> AsyncIterator[OperatorRunner]:
         await runner.stop()
 
 
-def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
-    obj = get(api, "inferencedeployments", name)
-    assert obj is not None
-    return obj
-
-
 def _retune(api: FakeApiServer, name: str) -> dict[str, Any]:
-    return dict(_idf(api, name)["status"].get("retune") or {})
+    return dict(idf(api, name)["status"].get("retune") or {})
 
 
 def _request_of(api: FakeApiServer, job: dict[str, Any]) -> dict[str, Any]:
@@ -96,23 +91,23 @@ async def test_observed_workload_and_a_retune_that_keeps_the_current_configurati
     try:
         # As tuned: the summary is published, nothing drifts.
         observed = await wait_for(
-            lambda: condition(_idf(api, "obs"), "WorkloadDrifted").get("status") == "False"
-            and _idf(api, "obs")["status"].get("observedWorkload"),
+            lambda: condition(idf(api, "obs"), "WorkloadDrifted").get("status") == "False"
+            and idf(api, "obs")["status"].get("observedWorkload"),
             timeout=30, what="the observed workload, as tuned",
         )  # fmt: skip
         assert observed["inputTokensMean"] == 256 and observed["outputTokensMean"] == 32
         assert observed["requestsPerSecond"] > 0 and observed["source"] == "pods 1/1"
         assert 0 < observed["concurrency"] <= 16 and observed["ttftP95Ms"] > 0
         assert observed["notExposed"] == [] and observed["tunedInputTokens"] == 256
-        assert condition(_idf(api, "obs"), "SloAtRisk")["status"] == "False"
+        assert condition(idf(api, "obs"), "SloAtRisk")["status"] == "False"
 
         # Prompts get half as long: WorkloadDrifted once it lasts a window, and a retune with
         # the observed workload, the current configuration serving meanwhile.
         await load.stop()
         load = await start_load(pod, input_tokens=128, output_tokens=32)
         drifted = await wait_for(
-            lambda: condition(_idf(api, "obs"), "WorkloadDrifted").get("status") == "True"
-            and condition(_idf(api, "obs"), "WorkloadDrifted"),
+            lambda: condition(idf(api, "obs"), "WorkloadDrifted").get("status") == "True"
+            and condition(idf(api, "obs"), "WorkloadDrifted"),
             timeout=30, what="WorkloadDrifted=True",
         )  # fmt: skip
         assert drifted["reason"] == "WorkloadChanged"
@@ -130,13 +125,13 @@ async def test_observed_workload_and_a_retune_that_keeps_the_current_configurati
         again = await start_operator(api, OBSERVING, backoff=FAST)
         try:
             await wait_for(
-                lambda: "is running" in condition(_idf(api, "obs"), "WorkloadDrifted")["message"],
+                lambda: "is running" in condition(idf(api, "obs"), "WorkloadDrifted")["message"],
                 timeout=30, what="the restarted observer seeing the running retune",
             )  # fmt: skip
             assert creations(api, "jobs", "retune") == 1
 
             # The retune finds the current configuration still the best: it keeps serving.
-            best = _idf(api, "obs")["status"]["bestConfig"]
+            best = idf(api, "obs")["status"]["bestConfig"]
             deployment = get(api, "deployments", "obs")
             await run_tuner(api, job, tmp_path)
             await finish_job(api, job["metadata"]["name"])
@@ -144,19 +139,19 @@ async def test_observed_workload_and_a_retune_that_keeps_the_current_configurati
                                   and _retune(api, "obs"), what="the retune's verdict")  # fmt: skip
             assert done["state"] == "KeptCurrent", done
             assert "is still the best at 130 in / 32 out" in done["message"]
-            assert _idf(api, "obs")["status"]["bestConfig"] == best
+            assert idf(api, "obs")["status"]["bestConfig"] == best
             assert get(api, "deployments", "obs") == deployment  # not rolled
             report = get(api, "configmaps", "obs-retune-report")
             assert report is not None and get(api, "configmaps", "obs-tuning-report") is not None
 
             # The drift lasts, then changes: no second retune within the interval.
             await wait_for(lambda: "already ran (KeptCurrent): not again" in condition(
-                _idf(api, "obs"), "WorkloadDrifted")["message"], timeout=30,
+                idf(api, "obs"), "WorkloadDrifted")["message"], timeout=30,
                 what="the same drift not retuned again")  # fmt: skip
             await load.stop()
             load = await start_load(pod, input_tokens=600, output_tokens=32)
             await wait_for(lambda: "at most one per 360 min" in condition(
-                _idf(api, "obs"), "WorkloadDrifted")["message"], timeout=30,
+                idf(api, "obs"), "WorkloadDrifted")["message"], timeout=30,
                 what="another drift held back by the interval")  # fmt: skip
             assert creations(api, "jobs", "retune") == 1
             assert len([e for e in events_for(api, "obs") if e["reason"] == "RetuneStarted"]) == 1
@@ -172,7 +167,7 @@ async def test_drift_retunes_and_rolls_out_a_configuration_that_is_better(
 ) -> None:
     await create(api, manifest("roll", **_spec()))
     await to_ready(api, "roll", tmp_path)
-    before = dict(_idf(api, "roll")["status"]["bestConfig"])
+    before = dict(idf(api, "roll")["status"]["bestConfig"])
     pod, load = await _serve(api, "roll", (770, 32))
     try:
         job = (await wait_for(lambda: jobs_of(api, "roll", "retune"), timeout=30,
@@ -184,7 +179,7 @@ async def test_drift_retunes_and_rolls_out_a_configuration_that_is_better(
                               and _retune(api, "roll"), what="the retune's verdict")  # fmt: skip
         assert done["state"] == "RolledOut", done
         assert "misses the SLO at 770 in / 32 out" in done["message"]
-        after = _idf(api, "roll")["status"]["bestConfig"]
+        after = idf(api, "roll")["status"]["bestConfig"]
         assert after != before and after["tp"] == 2
         assert done["bestConfig"] == after
         rolled = await wait_for(
@@ -202,8 +197,8 @@ async def test_drift_retunes_and_rolls_out_a_configuration_that_is_better(
         await wait_for(lambda: phase(api, "roll") == "Ready", what="Ready with the new config")
         pod, load = await _serve(api, "roll", (770, 32))
         calm = await wait_for(
-            lambda: condition(_idf(api, "roll"), "WorkloadDrifted").get("status") == "False"
-            and _idf(api, "roll")["status"]["observedWorkload"],
+            lambda: condition(idf(api, "roll"), "WorkloadDrifted").get("status") == "False"
+            and idf(api, "roll")["status"]["observedWorkload"],
             timeout=30, what="WorkloadDrifted=False against the retune's workload",
         )  # fmt: skip
         assert calm["tunedInputTokens"] == 770 and calm["tunedConcurrency"] == after["maxBatchSize"]

@@ -25,6 +25,7 @@ from .apiserver import (
     events_for,
     finish_job,
     get,
+    idf,
     jobs_of,
     make_available,
     manifest,
@@ -40,12 +41,6 @@ from .apiserver import (
     wait_for,
     warning_events,
 )
-
-
-def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
-    obj = get(api, "inferencedeployments", name)
-    assert obj is not None
-    return obj
 
 
 async def _wait_job(api: FakeApiServer, name: str, count: int = 1) -> dict[str, Any]:
@@ -92,10 +87,10 @@ async def test_create_tunes_deploys_and_becomes_ready(
     assert binding is not None and binding["roleRef"]["name"] == SETTINGS.tuner_clusterrole
 
     await wait_for(lambda: phase(api, "llm") == "Pending", what="phase Pending (no pod yet)")
-    assert condition(_idf(api, "llm"), "Tuned")["reason"] == "TuningPending"
+    assert condition(idf(api, "llm"), "Tuned")["reason"] == "TuningPending"
     await start_job(api, job["metadata"]["name"])  # the tuner pod runs
     await wait_for(lambda: phase(api, "llm") == "Tuning", what="phase Tuning")
-    assert condition(_idf(api, "llm"), "Tuned")["reason"] == "TuningStarted"
+    assert condition(idf(api, "llm"), "Tuned")["reason"] == "TuningStarted"
 
     # The kubelet runs the tuner; the Job controller marks the Job complete.
     await run_tuner(api, job, tmp_path)
@@ -123,7 +118,7 @@ async def test_create_tunes_deploys_and_becomes_ready(
     assert "nvidia.com/gpu" not in str(server.get("resources")) and "nodeSelector" not in pod
     assert 8001 in [p["port"] for p in service["spec"]["ports"]]
     await wait_for(lambda: phase(api, "llm") == "Deploying", what="phase Deploying")
-    status = _idf(api, "llm")["status"]
+    status = idf(api, "llm")["status"]
     assert status["bestConfig"] == {
         "tp": report.best.config.tp,
         "maxBatchSize": report.best.config.max_batch_size,
@@ -135,12 +130,12 @@ async def test_create_tunes_deploys_and_becomes_ready(
     assert status["trials"]["executed"] == report.executed_trials
     assert status["reportConfigMap"] == "llm-tuning-report"
     assert status["tuningHash"] == th
-    assert condition(_idf(api, "llm"), "Tuned")["reason"] == "TuningSucceeded"
+    assert condition(idf(api, "llm"), "Tuned")["reason"] == "TuningSucceeded"
 
     # The Deployment controller reports the replica available.
     await make_available(api, "llm", 1)
     await wait_for(lambda: phase(api, "llm") == "Ready", what="phase Ready")
-    final = _idf(api, "llm")
+    final = idf(api, "llm")
     assert final["status"]["endpoint"] == f"llm.{NS}.svc:8001"
     ready = condition(final, "Ready")
     assert ready["status"] == "True" and ready["reason"] == "DeploymentAvailable"
@@ -165,7 +160,7 @@ async def test_serving_only_change_patches_deployment_without_retuning(
 ) -> None:
     await create(api, manifest("svc"))
     await _to_ready(api, "svc", tmp_path)
-    hash_before = _idf(api, "svc")["status"]["tuningHash"]
+    hash_before = idf(api, "svc")["status"]["tuningHash"]
 
     await patch(api, "inferencedeployments", "svc", {"spec": {"serving": {"replicas": 3}}})
     await wait_for(
@@ -177,7 +172,7 @@ async def test_serving_only_change_patches_deployment_without_retuning(
     await wait_for(lambda: phase(api, "svc") == "Ready", what="phase Ready (3/3)")
     assert len(jobs_of(api, "svc")) == 1
     assert tuner_jobs_created(api) == 1
-    assert _idf(api, "svc")["status"]["tuningHash"] == hash_before
+    assert idf(api, "svc")["status"]["tuningHash"] == hash_before
 
 
 async def test_tuning_relevant_change_starts_a_new_job(
@@ -202,7 +197,7 @@ async def test_tuning_relevant_change_starts_a_new_job(
     await wait_for(lambda: phase(api, "retune") == "Pending", what="phase Pending")
     await start_job(api, second["metadata"]["name"])
     await wait_for(lambda: phase(api, "retune") == "Tuning", what="phase Tuning")
-    assert _idf(api, "retune")["status"]["tuningHash"] == second_hash
+    assert idf(api, "retune")["status"]["tuningHash"] == second_hash
     # The superseded Job (and its request) is deleted; the old serving stays until the new result.
     await wait_for(lambda: len(jobs_of(api, "retune")) == 1, what="the old Job deleted")
     assert get(api, "configmaps", f"retune-tune-{first_hash}-request") is None
@@ -211,7 +206,7 @@ async def test_tuning_relevant_change_starts_a_new_job(
     await run_tuner(api, second, tmp_path)
     await finish_job(api, second["metadata"]["name"])
     await wait_for(lambda: phase(api, "retune") == "Ready", what="Ready again (still available)")
-    assert condition(_idf(api, "retune"), "Tuned")["reason"] == "TuningSucceeded"
+    assert condition(idf(api, "retune"), "Tuned")["reason"] == "TuningSucceeded"
 
 
 async def test_job_failure_reports_the_pod_reason(
@@ -233,7 +228,7 @@ async def test_job_failure_reports_the_pod_reason(
     await finish_job(api, job_name, succeeded=False)
 
     await wait_for(lambda: phase(api, "oom") == "Failed", what="phase Failed")
-    tuned = condition(_idf(api, "oom"), "Tuned")
+    tuned = condition(idf(api, "oom"), "Tuned")
     assert tuned["status"] == "False" and tuned["reason"] == "TuningJobFailed"
     assert "OOMKilled" in tuned["message"] and "exit code 137" in tuned["message"]
     assert "memory" in tuned["message"]  # what to do about it
@@ -267,7 +262,7 @@ async def test_resync_catches_a_missed_job_completion(
             }]},
         })  # fmt: skip
         await wait_for(
-            lambda: "Insufficient nvidia.com/gpu" in _idf(api, "missed")["status"]["message"],
+            lambda: "Insufficient nvidia.com/gpu" in idf(api, "missed")["status"]["message"],
             what="the scheduling problem in status.message",
         )
         await run_tuner(api, job, tmp_path)
@@ -324,7 +319,7 @@ async def test_invalid_spec_sets_condition_and_warns_without_retrying(
     bad = manifest("bad", gpu={"product": "Z100-1TB", "maxGpusPerReplica": 2})
     await create(api, bad)
     await wait_for(lambda: phase(api, "bad") == "Failed", what="phase Failed")
-    tuned = condition(_idf(api, "bad"), "Tuned")
+    tuned = condition(idf(api, "bad"), "Tuned")
     assert tuned["reason"] == "InvalidSpec"
     assert "spec.gpu.product" in tuned["message"] and "Z100-1TB" in tuned["message"]
     await warning_events(api, "bad", "InvalidSpec")
@@ -336,7 +331,7 @@ async def test_invalid_spec_sets_condition_and_warns_without_retrying(
         "model": {"source": {"uri": "s3://bucket/llama"}},
     }})  # fmt: skip
     await wait_for(
-        lambda: "s3:// is not a source" in condition(_idf(api, "bad"), "Tuned").get("message", ""),
+        lambda: "s3:// is not a source" in condition(idf(api, "bad"), "Tuned").get("message", ""),
         what="the s3:// problem in the condition",
     )
     assert jobs_of(api, "bad") == []
@@ -349,10 +344,10 @@ async def test_invalid_spec_sets_condition_and_warns_without_retrying(
         "search": {"maxBatchSize": [8, 8]},
     }})  # fmt: skip
     await wait_for(
-        lambda: "maxBatchSize" in condition(_idf(api, "bad"), "Tuned").get("message", ""),
+        lambda: "maxBatchSize" in condition(idf(api, "bad"), "Tuned").get("message", ""),
         what="the new problems in the condition",
     )
-    message = condition(_idf(api, "bad"), "Tuned")["message"]
+    message = condition(idf(api, "bad"), "Tuned")["message"]
     assert "listed twice" in message
     assert jobs_of(api, "bad") == []
 
@@ -370,7 +365,7 @@ async def test_name_too_long_for_derived_names_is_invalid(
     name = "n" * 50  # the CRD cannot limit metadata.name; the models cap it at 48
     await create(api, manifest(name))
     await wait_for(lambda: phase(api, name) == "Failed", what="phase Failed")
-    tuned = condition(_idf(api, name), "Tuned")
+    tuned = condition(idf(api, name), "Tuned")
     assert tuned["reason"] == "InvalidSpec" and "metadata.name" in tuned["message"]
     assert jobs_of(api, name) == []
 
@@ -384,12 +379,12 @@ async def test_no_feasible_config_lists_nearest_misses(
     await finish_job(api, job["metadata"]["name"])
 
     await wait_for(lambda: phase(api, "tight") == "Failed", what="phase Failed")
-    tuned = condition(_idf(api, "tight"), "Tuned")
+    tuned = condition(idf(api, "tight"), "Tuned")
     assert tuned["reason"] == "NoFeasibleConfig"
     assert "nearest misses" in tuned["message"]
     assert "E2E p95" in tuned["message"]
     assert "raise spec.slo.e2eLatencyMs" in tuned["message"]
-    assert _idf(api, "tight")["status"]["reportConfigMap"] == "tight-tuning-report"
+    assert idf(api, "tight")["status"]["reportConfigMap"] == "tight-tuning-report"
     assert get(api, "deployments", "tight") is None
     await wait_for(
         lambda: [e for e in events_for(api, "tight") if e["reason"] == "NoFeasibleConfig"],
@@ -421,7 +416,7 @@ async def test_a_winner_that_cannot_be_served_fails_with_the_reason(
 
     await create(api, body)
     await wait_for(lambda: phase(api, "nockpt") == "Failed", what="phase Failed")
-    obj = _idf(api, "nockpt")
+    obj = idf(api, "nockpt")
     assert condition(obj, "Tuned")["reason"] == "TuningSucceeded"
     deployed = condition(obj, "Deployed")
     assert deployed["status"] == "False" and deployed["reason"] == "CannotServe"

@@ -27,6 +27,7 @@ from .apiserver import (
     delete,
     finish_job,
     get,
+    idf,
     jobs_of,
     make_available,
     manifest,
@@ -40,12 +41,6 @@ from .apiserver import (
 )
 
 TIGHTER = {"e2eLatencyMs": {"p95": 15000}}
-
-
-def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
-    obj = get(api, "inferencedeployments", name)
-    assert obj is not None
-    return obj
 
 
 def _report_of(api: FakeApiServer, name: str) -> Report:
@@ -108,7 +103,7 @@ async def test_a_stale_tuner_loses_while_the_operator_runs(
     assert _slo_p95(_report_of(api, "live")) == 15000  # `infertune report` shows the new one
     await make_available(api, "live", 1)
     await wait_for(lambda: phase(api, "live") == "Ready", what="phase Ready")
-    assert _idf(api, "live")["status"]["tuningHash"] == th_b
+    assert idf(api, "live")["status"]["tuningHash"] == th_b
 
 
 async def test_a_stale_tuner_loses_while_the_operator_is_down(
@@ -137,9 +132,9 @@ async def test_a_stale_tuner_loses_while_the_operator_is_down(
     try:
         # The new tuning's result is served; it is not "succeeded but left no report".
         await wait_for(lambda: phase(api, "down") == "Deploying", what="phase Deploying")
-        tuned = condition(_idf(api, "down"), "Tuned")
+        tuned = condition(idf(api, "down"), "Tuned")
         assert tuned["status"] == "True" and tuned["reason"] == "TuningSucceeded"
-        assert _idf(api, "down")["status"]["tuningHash"] == th_b
+        assert idf(api, "down")["status"]["tuningHash"] == th_b
         assert len(jobs_of(api, "down")) == 1  # nothing tuned again
     finally:
         await runner.stop()
@@ -193,7 +188,7 @@ async def test_an_object_created_again_under_the_same_name_starts_its_own_tuning
     request = get(api, "configmaps", f"again-tune-{th}-request")
     assert request is not None and request["metadata"]["ownerReferences"][0]["uid"] == uid2
     await wait_for(lambda: phase(api, "again") == "Pending", what="phase Pending")
-    assert condition(_idf(api, "again"), "Tuned")["reason"] == "TuningPending"
+    assert condition(idf(api, "again"), "Tuned")["reason"] == "TuningPending"
 
     # The first object's tuner, late, does not write for the second one.
     out = await run_tuner(api, job1, tmp_path, request=str(request["data"]["request.json"]))

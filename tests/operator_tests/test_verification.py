@@ -22,7 +22,7 @@ from .apiserver import (
     creations,
     events_for,
     finish_job,
-    get,
+    idf,
     jobs_of,
     make_available,
     manifest,
@@ -48,12 +48,6 @@ async def _report(out: Path) -> str:
     return text.decode()
 
 
-def _idf(api: FakeApiServer, name: str) -> dict[str, Any]:
-    obj = get(api, "inferencedeployments", name)
-    assert obj is not None
-    return obj
-
-
 def _events(api: FakeApiServer, name: str, reason: str) -> list[dict[str, Any]]:
     return [e for e in events_for(api, name) if e["reason"] == reason]
 
@@ -64,7 +58,7 @@ async def test_rollout_is_verified_then_a_slower_pod_is_below_tuned(
     body = await create(api, manifest("vfy", workload=WORKLOAD, serving=SERVING))
     uid = body["metadata"]["uid"]
     await to_ready(api, "vfy", tmp_path)
-    best = _idf(api, "vfy")["status"]["bestConfig"]
+    best = idf(api, "vfy")["status"]["bestConfig"]
 
     # Ready: one verification Job, owned by the object, at the tuned concurrency and workload.
     job = (await wait_for(lambda: jobs_of(api, "vfy", "verification"), what="a verification Job"))[
@@ -78,7 +72,7 @@ async def test_rollout_is_verified_then_a_slower_pod_is_below_tuned(
     assert (flag["--input-tokens"], flag["--output-tokens"]) == ("256", "32")
     assert flag["--requests"] == "32" and flag["--url"] == "vfy.team-a.svc:8001"
     assert job["spec"]["activeDeadlineSeconds"] >= 120
-    running = await wait_for(lambda: condition(_idf(api, "vfy"), "Verified"), what="Verified")
+    running = await wait_for(lambda: condition(idf(api, "vfy"), "Verified"), what="Verified")
     assert (running["status"], running["reason"]) == ("Unknown", "VerificationRunning")
 
     # The kubelet runs the pod and the Job; the Job controller marks it complete.
@@ -88,14 +82,14 @@ async def test_rollout_is_verified_then_a_slower_pod_is_below_tuned(
     await finish_job(api, job["metadata"]["name"])
     verified = await wait_for(
         lambda: (
-            condition(_idf(api, "vfy"), "Verified").get("status") == "True"
-            and condition(_idf(api, "vfy"), "Verified")
+            condition(idf(api, "vfy"), "Verified").get("status") == "True"
+            and condition(idf(api, "vfy"), "Verified")
         ),
         what="Verified=True",
     )
     assert verified["reason"] == "MatchesTuned"
-    v = _idf(api, "vfy")["status"]["verification"]
-    tuned = _idf(api, "vfy")["status"]["bestMetrics"]["outputTokensPerSecondPerGpu"]
+    v = idf(api, "vfy")["status"]["verification"]
+    tuned = idf(api, "vfy")["status"]["bestMetrics"]["outputTokensPerSecondPerGpu"]
     assert v["state"] == "Passed" and v["tuned"]["outputTokensPerSecondPerGpu"] == tuned
     measured = v["measured"]["outputTokensPerSecondPerGpu"]
     assert measured >= tuned * (1 - noise.shortfall_tolerance())
@@ -118,15 +112,15 @@ async def test_rollout_is_verified_then_a_slower_pod_is_below_tuned(
     try:
         await wait_for(lambda: creations(api, "jobs", "tuner") == 1, what="the initial listing")
         assert creations(api, "jobs", "verification") == 1
-        assert condition(_idf(api, "vfy"), "Verified")["reason"] == "MatchesTuned"
+        assert condition(idf(api, "vfy"), "Verified")["reason"] == "MatchesTuned"
 
         # A new rollout (CPU limits) lands on a slower pod: verified again, BelowTuned.
         limits = {"resources": {"limits": {"cpu": "3"}}}
         await patch(api, "inferencedeployments", "vfy", {"spec": {"serving": limits}})
         pending = await wait_for(
             lambda: (
-                condition(_idf(api, "vfy"), "Verified").get("reason") == "VerificationPending"
-                and condition(_idf(api, "vfy"), "Verified")
+                condition(idf(api, "vfy"), "Verified").get("reason") == "VerificationPending"
+                and condition(idf(api, "vfy"), "Verified")
             ),
             what="Verified=Unknown while the new rollout is not available",
         )
@@ -146,13 +140,13 @@ async def test_rollout_is_verified_then_a_slower_pod_is_below_tuned(
         await finish_job(api, second[0]["metadata"]["name"])
         below = await wait_for(
             lambda: (
-                condition(_idf(api, "vfy"), "Verified").get("status") == "False"
-                and condition(_idf(api, "vfy"), "Verified")
+                condition(idf(api, "vfy"), "Verified").get("status") == "False"
+                and condition(idf(api, "vfy"), "Verified")
             ),
             what="Verified=False",
         )
         assert below["reason"] == "BelowTuned", below
-        v = _idf(api, "vfy")["status"]["verification"]
+        v = idf(api, "vfy")["status"]["verification"]
         assert v["state"] == "BelowTuned" and v["shortfallPercent"] > v["tolerancePercent"]
         assert "more than the noise below the tuning's measurement" in below["message"]
         warning = await wait_for(lambda: _events(api, "vfy", "BelowTuned"), what="the event")
@@ -180,16 +174,16 @@ async def test_a_verification_that_measures_nothing_fails_and_one_turned_off_nev
     await finish_job(api, job["metadata"]["name"])
     failed = await wait_for(
         lambda: (
-            condition(_idf(api, "nopod"), "Verified").get("status") == "False"
-            and condition(_idf(api, "nopod"), "Verified")
+            condition(idf(api, "nopod"), "Verified").get("status") == "False"
+            and condition(idf(api, "nopod"), "Verified")
         ),
         what="Verified=False",
     )
     assert failed["reason"] == "VerificationFailed" and "cannot reach" in failed["message"]
-    assert _idf(api, "nopod")["status"]["verification"]["state"] == "Failed"
+    assert idf(api, "nopod")["status"]["verification"]["state"] == "Failed"
 
     # Turned off: no Job, and the condition says why.
-    quiet = await wait_for(lambda: condition(_idf(api, "quiet"), "Verified"), what="Verified")
+    quiet = await wait_for(lambda: condition(idf(api, "quiet"), "Verified"), what="Verified")
     assert (quiet["status"], quiet["reason"]) == ("Unknown", "VerificationDisabled")
     assert jobs_of(api, "quiet", "verification") == []
-    assert "verification" not in _idf(api, "quiet")["status"]
+    assert "verification" not in idf(api, "quiet")["status"]

@@ -156,7 +156,7 @@ def test_the_auto_sampler_drives_a_plain_optuna_study_to_its_own_stop() -> None:
 def test_the_auto_sampler_counts_another_workers_running_trial_as_in_flight() -> None:
     req = request(max_trials=40)
     storage = optuna.storages.InMemoryStorage()
-    mine, space = _auto(req)
+    mine, _ = _auto(req)
     study = optuna.create_study(study_name="s", storage=storage, sampler=mine)
     first = study.ask()
     claimed = mine.decision_for(study, first.number).config
