@@ -188,7 +188,10 @@ async def test_drift_retunes_and_rolls_out_a_configuration_that_is_better(
             what="the Deployment rolled to the retune's best",
         )  # fmt: skip
         assert rolled
-        assert [e for e in events_for(api, "roll") if e["reason"] == "RetuneRolledOut"]
+        # Events follow the status write that carries the verdict: wait for it, not past it.
+        await wait_for(lambda: [e for e in events_for(api, "roll")
+                                if e["reason"] == "RetuneRolledOut"],
+                       what="the RetuneRolledOut event")  # fmt: skip
 
         # The new pods serve the observed workload: tuned for it, nothing drifts any more.
         await load.stop()
