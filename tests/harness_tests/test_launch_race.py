@@ -5,9 +5,14 @@ binding the first free one from 10012 and closing it again (`s.bind(("", port))`
 `print(port); s.close()`), exports it in TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR unconditionally, and
 the proxy binds it only after Python and TensorRT-LLM have imported (mgmn_leader_node ->
 mpi_session.RemoteMpiCommSessionServer -> ZeroMqQueue). `LAUNCHER` below does exactly that,
-with a scan base of its own and a short import delay, then starts the (simulated) server. Two
-such launches at once pick the same port and one fails; infertune starts them one at a time
-(backends/triton.py, LAUNCH_LOCK), so both trials succeed.
+with a scan base of its own, then starts the (simulated) server. Two such launches at once pick
+the same port and one fails; infertune starts them one at a time (backends/triton.py,
+LAUNCH_LOCK), so both trials succeed.
+
+The import time is modelled by a rendezvous, not a fixed sleep: a launcher binds its proxy once
+every launch of the test has picked its port, or after `wait` seconds. A fixed 3 s sleep let a
+loaded machine start the second launcher after the first had bound, so the race did not happen
+and the test that shows it failed; real imports take 10 s and more, far longer than the gap.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from infertune_tuner.runtime.simulated import SimulatedRuntime
 
 LAUNCHER = """\
 import os, socket, subprocess, sys, time
-base = int(sys.argv[1])
+base, rendezvous, launches, wait = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 s = socket.socket()
 port = base
 while True:  # trtllm-llmapi-launch L30-38: the first port that binds, then closed again
@@ -38,7 +43,12 @@ while True:  # trtllm-llmapi-launch L30-38: the first port that binds, then clos
     except OSError:
         port += 1
 s.close()
-time.sleep(3)  # Python and TensorRT-LLM import (10 s and more) before the proxy binds
+# Python and TensorRT-LLM import (10 s and more) before the proxy binds: meanwhile every
+# launch started alongside has picked its port
+open(os.path.join(rendezvous, str(os.getpid())), "w").close()
+deadline = time.monotonic() + wait
+while len(os.listdir(rendezvous)) < launches and time.monotonic() < deadline:
+    time.sleep(0.05)
 proxy = socket.socket()
 try:
     proxy.bind(("", port))  # the ZeroMQ PAIR socket of RemoteMpiCommSessionServer
@@ -46,7 +56,7 @@ except OSError as exc:
     sys.exit(f"proxy cannot bind tcp://127.0.0.1:{port}: {exc}")
 proxy.listen()
 proxy.set_inheritable(True)  # kept open (bound) across the exec, as the live proxy keeps it
-os.execvp(sys.argv[2], sys.argv[2:])
+os.execvp(sys.argv[5], sys.argv[5:])
 """
 
 
@@ -57,6 +67,7 @@ class LlmapiLaunched(SimulatedRuntime):
 
     launcher: str = ""
     base_port: int = 0
+    rendezvous: str = ""
     serial: bool = True
 
     def launch_argv(
@@ -64,7 +75,11 @@ class LlmapiLaunched(SimulatedRuntime):
         host: str = "0.0.0.0",
     ) -> list[str]:  # fmt: skip
         argv = super().launch_argv(request, config, repo_dir=repo_dir, ports=ports, host=host)
-        return [sys.executable, self.launcher, str(self.base_port), *argv]
+        # serial starts never meet (the second waits for the first to be ready): the import
+        # time alone (3 s) passes before the proxy binds
+        wait = "3" if self.serial else "60"
+        rendezvous = [self.rendezvous, "2", wait]
+        return [sys.executable, self.launcher, str(self.base_port), *rendezvous, *argv]
 
     def serial_launch(self, config: TrialConfig) -> bool:
         return self.serial and config.tp > 1
@@ -74,9 +89,12 @@ def side_by_side(tmp_path: Path, request: TuningRequest, serial: bool) -> list[M
     """Two TP-2 trials started at the same moment, as a tuner pod packing them does."""
     launcher = tmp_path / "llmapi_launch.py"
     launcher.write_text(LAUNCHER)
+    rendezvous = tmp_path / "picked"
+    rendezvous.mkdir()
     runtime = LlmapiLaunched(
         program=(sys.executable, "-m", "infertune_tuner.harness.simserver"), time_scale=0.05,
-        launcher=str(launcher), base_port=random.randint(11000, 30000), serial=serial,
+        launcher=str(launcher), base_port=random.randint(11000, 30000), rendezvous=str(rendezvous),
+        serial=serial,
     )  # fmt: skip
     backend = TritonBackend(
         request, runtime=runtime, workdir=tmp_path / "trials", requests_per_trial=8,
