@@ -30,11 +30,12 @@ optimum, and that reached it strictly).
 
     python benchmarks/tuner_efficiency.py [--seeds 5] [--budget 40] [--jobs 2]
         [--samplers auto,tpe,random,grid] [--families admission,...,dev-vllm]
-        [--hyperprior lofo|shipped] [--kernel-luck SD] [--verbose] [--csv FILE]
+        [--hyperprior lofo|shipped] [--kernel-luck SD] [--run-noise SD] [--verbose] [--csv FILE]
 
-`--kernel-luck SD` is a stress test of a form nobody fitted or tuned on: every configuration of
-every scored world runs a fixed factor exp(N(0, SD)) off its neighbours (worldset.KernelLuck),
-scored with the shipped hyperprior.
+`--kernel-luck SD` and `--run-noise SD` are stress tests of forms nobody fitted or tuned on,
+scored with the shipped hyperprior: every configuration of every scored world runs a fixed
+factor exp(N(0, SD)) off its neighbours (worldset.KernelLuck), or every run of it a new such
+factor off its typical run, on top of the pool's own noise (worldset.RunNoise).
 """
 
 from __future__ import annotations
@@ -193,6 +194,10 @@ def main() -> None:
                     help="stress form: every configuration of every scored world runs a fixed "
                          "factor exp(N(0, SD)) off its neighbours (worldset.KernelLuck); scored "
                          "with the shipped hyperprior, which never saw it")  # fmt: skip
+    ap.add_argument("--run-noise", type=float, default=0.0, metavar="SD",
+                    help="stress form: every run of every configuration runs a new factor "
+                         "exp(N(0, SD)) off its typical run, on top of the pool's own noise "
+                         "(worldset.RunNoise); scored with the shipped hyperprior")  # fmt: skip
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--csv", type=Path, help="write every run's outcome here")
     ap.add_argument("--cache", type=Path,
@@ -203,9 +208,10 @@ def main() -> None:
     families = args.families.split(",")
     scenarios = [int(i) for i in args.scenarios.split(",")] if args.scenarios else None
     started = time.perf_counter()
-    if args.kernel_luck and args.hyperprior != "shipped":
-        ap.error("--kernel-luck is a form no hyperprior was fitted on: use --hyperprior shipped")
-    scored = worlds(families, args.seeds, scenarios, args.kernel_luck)
+    if (args.kernel_luck or args.run_noise) and args.hyperprior != "shipped":
+        ap.error("--kernel-luck and --run-noise are forms no hyperprior was fitted on: use "
+                 "--hyperprior shipped")  # fmt: skip
+    scored = worlds(families, args.seeds, scenarios, args.kernel_luck, args.run_noise)
     fit_families = args.fit_families.split(",") if args.hyperprior == "lofo" else []
     fit_only = [w for w in worlds(fit_families, args.seeds, scenarios) if w not in scored]
     everything = scored + fit_only
@@ -242,6 +248,7 @@ def main() -> None:
                 if args.verbose:
                     print(line, file=sys.stderr)
     luck = f"; kernel luck sd {args.kernel_luck:g}" if args.kernel_luck else ""
+    luck += f"; run noise sd {args.run_noise:g}" if args.run_noise else ""
     print(f"{len(scored)} worlds per sampler ({', '.join(families)}; {args.seeds} seeds{luck}); "
           f"hyperprior: {args.hyperprior}; budget {args.budget}; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip

@@ -197,7 +197,9 @@ class KernelLuck:
     def factor(self, config: TrialConfig) -> float:
         return math.exp(float(_rng("luck", self.world, config.label()).normal(0, self.sd)))
 
-    def _scaled(self, m: Measurement, f: float) -> Measurement:
+    @staticmethod
+    def scaled(m: Measurement, f: float) -> Measurement:
+        """`m` run a factor `f` faster: tok/s/GPU x f, every latency / f."""
         if m.status != "ok":
             return m
         lat: dict[str, Percentiles | None] = {}
@@ -209,10 +211,34 @@ class KernelLuck:
                               duration_s=m.duration_s, concurrency=m.concurrency)  # fmt: skip
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
-        return self._scaled(self.inner.run(config, repeat=repeat), self.factor(config))
+        return self.scaled(self.inner.run(config, repeat=repeat), self.factor(config))
 
     def truth(self, config: TrialConfig) -> Measurement:
-        return self._scaled(self.inner.truth(config), self.factor(config))
+        return self.scaled(self.inner.truth(config), self.factor(config))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class RunNoise:
+    """A pool noisier from run to run than any the search's noise prior assumes: every run's
+    tok/s/GPU x f and latencies / f, f = exp(N(0, sd)) drawn anew per run (seeded per world,
+    configuration and repeat), on top of the pool's own noise; what a typical run does (the
+    truth) is unchanged. It stands for a shared node, a throttling GPU or a noisy network
+    between the load generator and the server. A stress form nobody fitted or tuned on."""
+
+    def __init__(self, inner: BenchmarkBackend | NoisyReplay | KernelLuck, sd: float,
+                 world: str) -> None:  # fmt: skip
+        self.inner, self.sd, self.world = inner, sd, world
+        self.name = inner.name
+        self.speedup = inner.speedup
+
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
+        f = math.exp(float(_rng("run", self.world, config.label(), repeat).normal(0, self.sd)))
+        return KernelLuck.scaled(self.inner.run(config, repeat=repeat), f)
+
+    def truth(self, config: TrialConfig) -> Measurement:
+        return self.inner.truth(config)
 
     def close(self) -> None:
         self.inner.close()
@@ -225,6 +251,7 @@ class World:
     seed: int
     scenario: tuple | None = field(default=None, compare=False)  # type: ignore[type-arg]
     luck: float = 0.0  # KernelLuck's sd (0: none)
+    run_noise: float = 0.0  # RunNoise's sd (0: none)
 
     def request(self, sampler: str = "auto", budget: int = 40) -> TuningRequest:
         if self.scenario is not None:
@@ -235,31 +262,41 @@ class World:
     def folder(self) -> Path:
         return TABLE_FAMILIES[self.family][0]
 
-    def backend(self, request: TuningRequest) -> BenchmarkBackend | NoisyReplay | KernelLuck:
-        pool: BenchmarkBackend | NoisyReplay
+    def backend(
+        self, request: TuningRequest
+    ) -> BenchmarkBackend | NoisyReplay | KernelLuck | RunNoise:
+        pool: BenchmarkBackend | NoisyReplay | KernelLuck | RunNoise
         if self.scenario is not None:
             pool = WorldBackend(request, self.family, seed=self.seed)
         else:
             pool = NoisyReplay(load_table(self.folder / f"{self.name}.csv"), self.name, self.seed)
+        world = f"{self.family}:{self.name}:{self.seed}"
         if self.luck:
-            return KernelLuck(pool, self.luck, f"{self.family}:{self.name}:{self.seed}")
+            pool = KernelLuck(pool, self.luck, world)
+        if self.run_noise:
+            pool = RunNoise(pool, self.run_noise, world)
         return pool
 
 
 def worlds(
-    families: list[str], seeds: int, scenarios: list[int] | None = None, luck: float = 0.0
-) -> list[World]:
+    families: list[str], seeds: int, scenarios: list[int] | None = None, luck: float = 0.0,
+    run_noise: float = 0.0,
+) -> list[World]:  # fmt: skip
     out = []
     for fam in families:
         if fam in FAMILIES:
             for i in scenarios if scenarios is not None else range(len(SCENARIOS)):
                 sc = SCENARIOS[i]
-                out += [World(fam, sc[0], s, sc, luck) for s in range(seeds)]
+                out += [World(fam, sc[0], s, sc, luck, run_noise) for s in range(seeds)]
         elif fam in TABLE_FAMILIES:
             folder, prefix = TABLE_FAMILIES[fam]
             index = json.loads((folder / "index.json").read_text())
             names = sorted(w["world"] for w in index if w["world"].startswith(prefix))
-            out += [World(fam, n, s, luck=luck) for n in names for s in range(seeds)]
+            out += [
+                World(fam, n, s, luck=luck, run_noise=run_noise)
+                for n in names
+                for s in range(seeds)
+            ]
         else:
             raise SystemExit(f"unknown family {fam!r}; use {', '.join(ALL_FAMILIES)}")
     return out
