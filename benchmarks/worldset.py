@@ -182,6 +182,19 @@ class NoisyReplay:
         return None
 
 
+def _faster(m: Measurement, f: float) -> Measurement:
+    """`m` run a factor `f` faster: tok/s/GPU x f, every latency / f."""
+    if m.status != "ok":
+        return m
+    lat: dict[str, Percentiles | None] = {}
+    for x in LATENCY_METRICS:
+        p = m.percentiles(x.key)
+        lat[x.key] = None if p is None else Percentiles(p.p50 / f, p.p95 / f, p.p99 / f)
+    tps = (m.output_tokens_per_s_per_gpu or 0.0) * f
+    return Measurement.ok(lat, output_tokens_per_s_per_gpu=tps, requests=m.requests,
+                          duration_s=m.duration_s, concurrency=m.concurrency)  # fmt: skip
+
+
 class KernelLuck:
     """A pool whose every configuration runs a fixed factor off what its neighbours suggest:
     tok/s/GPU x f, every latency / f, f = exp(N(0, sd)) drawn once per configuration (seeded
@@ -197,24 +210,11 @@ class KernelLuck:
     def factor(self, config: TrialConfig) -> float:
         return math.exp(float(_rng("luck", self.world, config.label()).normal(0, self.sd)))
 
-    @staticmethod
-    def scaled(m: Measurement, f: float) -> Measurement:
-        """`m` run a factor `f` faster: tok/s/GPU x f, every latency / f."""
-        if m.status != "ok":
-            return m
-        lat: dict[str, Percentiles | None] = {}
-        for x in LATENCY_METRICS:
-            p = m.percentiles(x.key)
-            lat[x.key] = None if p is None else Percentiles(p.p50 / f, p.p95 / f, p.p99 / f)
-        tps = (m.output_tokens_per_s_per_gpu or 0.0) * f
-        return Measurement.ok(lat, output_tokens_per_s_per_gpu=tps, requests=m.requests,
-                              duration_s=m.duration_s, concurrency=m.concurrency)  # fmt: skip
-
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
-        return self.scaled(self.inner.run(config, repeat=repeat), self.factor(config))
+        return _faster(self.inner.run(config, repeat=repeat), self.factor(config))
 
     def truth(self, config: TrialConfig) -> Measurement:
-        return self.scaled(self.inner.truth(config), self.factor(config))
+        return _faster(self.inner.truth(config), self.factor(config))
 
     def close(self) -> None:
         self.inner.close()
@@ -235,7 +235,7 @@ class RunNoise:
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         f = math.exp(float(_rng("run", self.world, config.label(), repeat).normal(0, self.sd)))
-        return KernelLuck.scaled(self.inner.run(config, repeat=repeat), f)
+        return _faster(self.inner.run(config, repeat=repeat), f)
 
     def truth(self, config: TrialConfig) -> Measurement:
         return self.inner.truth(config)

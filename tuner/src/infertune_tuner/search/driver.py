@@ -185,7 +185,12 @@ class Search:
         self.dists = distributions(space)
         self.planner = planner
         self.auto = study.sampler if isinstance(study.sampler, AutoSampler) else None
-        self.admissible = Admissible(planner, self.scope)
+        # A wrapped sampler's answer, read once per study state for both of them.
+        self.admissible = (
+            study.sampler.admissible
+            if isinstance(study.sampler, SkipRuledOut)
+            else Admissible(planner, self.scope)
+        )
 
     def known(self, study: Study, extra: FrozenTrial | None = None) -> Known:
         return known_from(self.request, study, self.scope, extra)

@@ -99,6 +99,11 @@ class Known:
     def repeats(self, cfg: TrialConfig) -> int:
         return len(self.runs.get(cfg, ()))
 
+    def state(self) -> tuple[frozenset[tuple[TrialConfig, int]], frozenset[TrialConfig]]:
+        """What a decision from this evidence depends on (how often each configuration was
+        measured, what is in flight): equal states decide alike, so a decision is reused."""
+        return frozenset((c, len(ms)) for c, ms in self.runs.items()), frozenset(self.in_flight)
+
     def feasible(self) -> dict[TrialConfig, Measurement]:
         return {
             c: m

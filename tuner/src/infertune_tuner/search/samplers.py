@@ -93,8 +93,7 @@ class AutoSampler(BaseSampler):
     def _decide(self, known: Known) -> Decision:
         remaining = self._budget - known.executed - len(known.in_flight)
         # after_trial and the next sample_relative usually see the same state: decide once.
-        state = (tuple((c, len(ms)) for c, ms in sorted(known.runs.items())),
-                 frozenset(known.in_flight), remaining)  # fmt: skip
+        state = (known.state(), remaining)
         if self._last is not None and self._last[0] == state:
             return self._last[1]
         decision = self.planner.decide(known, remaining=remaining)
@@ -168,10 +167,7 @@ class Admissible:
 
     def __call__(self, study: Study) -> set[TrialConfig]:
         known = known_from(self.planner.request, study, self._scope)
-        state = (
-            frozenset((c, len(ms)) for c, ms in known.runs.items()),
-            frozenset(known.in_flight),
-        )
+        state = known.state()
         if self._last is not None and self._last[0] == state:
             return self._last[1]
         allowed = self.planner.admissible(known)
@@ -191,7 +187,7 @@ class SkipRuledOut(BaseSampler):
         seed: int = 0,
     ) -> None:
         self._base = base
-        self._admissible = admissible
+        self.admissible = admissible
         self._rng = random.Random(seed)
         # Parameters with a single choice are never part of a relative proposal: Optuna fixes
         # them. They still belong to the configuration a proposal stands for.
@@ -211,7 +207,7 @@ class SkipRuledOut(BaseSampler):
     ) -> dict[str, Any]:
         params = self._base.sample_relative(study, trial, search_space)
         full = {**self._fixed, **params}
-        if set(CONFIG_KEYS) <= set(full) and config_of(full) not in self._admissible(study):
+        if set(CONFIG_KEYS) <= set(full) and config_of(full) not in self.admissible(study):
             return {}  # sampled again, parameter by parameter, under the rules
         return params
 
@@ -223,7 +219,7 @@ class SkipRuledOut(BaseSampler):
         param_distribution: BaseDistribution,
     ) -> Any:
         value = self._base.sample_independent(study, trial, param_name, param_distribution)
-        allowed = self._admissible(study)
+        allowed = self.admissible(study)
 
         def extends(v: Any) -> bool:
             partial = {**trial.params, param_name: v}
