@@ -13,6 +13,9 @@ The import time is modelled by a rendezvous, not a fixed sleep: a launcher binds
 every launch of the test has picked its port, or after `wait` seconds. A fixed 3 s sleep let a
 loaded machine start the second launcher after the first had bound, so the race did not happen
 and the test that shows it failed; real imports take 10 s and more, far longer than the gap.
+The port probes take turns (a file lock): two launchers started in the same instant could
+otherwise probe at once and step apart (the second finding the first's probe bound), which
+real launches seconds apart do not do, and the race again would not happen.
 """
 
 from __future__ import annotations
@@ -32,17 +35,21 @@ from infertune_tuner.runtime.base import Ports
 from infertune_tuner.runtime.simulated import SimulatedRuntime
 
 LAUNCHER = """\
-import os, socket, subprocess, sys, time
+import fcntl, os, socket, subprocess, sys, time
 base, rendezvous, launches, wait = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-s = socket.socket()
-port = base
-while True:  # trtllm-llmapi-launch L30-38: the first port that binds, then closed again
-    try:
-        s.bind(("", port))
-        break
-    except OSError:
-        port += 1
-s.close()
+# The probe below holds its port for microseconds; two launchers started in the same instant
+# could probe at once and step apart, which no real pair of launches (seconds apart) does.
+with open(rendezvous + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    s = socket.socket()
+    port = base
+    while True:  # trtllm-llmapi-launch L30-38: the first port that binds, then closed again
+        try:
+            s.bind(("", port))
+            break
+        except OSError:
+            port += 1
+    s.close()
 # Python and TensorRT-LLM import (10 s and more) before the proxy binds: meanwhile every
 # launch started alongside has picked its port
 open(os.path.join(rendezvous, str(os.getpid())), "w").close()
