@@ -272,6 +272,8 @@ def test_tune_flags(tmp_path: Path) -> None:
         (["--seed", str(2**32)], "--seed must be between 0 and 4294967295"),
         (["--seed", "-1"], "--seed must be between 0"),
         (["--max-trials", "0"], "--max-trials must be at least 1"),
+        (["--confidence", "1"], "--confidence must be between 0.5 and 0.99, not 1.0"),
+        (["--confidence", "0.3"], "--confidence must be between 0.5 and 0.99, not 0.3"),
         (["--backend", "gpu-cloud"], "unknown backend"),
         (["--sampler", "bayes"], "--sampler: unknown sampler 'bayes'"),
         (["--backend", f"replay:{tmp_path / 'none.csv'}"], "none.csv"),

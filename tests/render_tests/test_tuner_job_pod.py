@@ -127,6 +127,14 @@ def test_the_token_stays_a_secret_reference() -> None:
     assert req.tuning.startup_timeout_minutes == 90  # spec.serving.startupTimeoutMinutes
 
 
+def test_the_confidence_target_reaches_the_tuner() -> None:
+    tuning = {"backend": "triton", "maxTrials": 10, "confidence": 0.9}
+    text = objects(body(tuning=tuning))[0]["data"]["request.json"]
+    assert TuningRequest.model_validate_json(text).tuning.confidence == 0.9
+    unset = objects(body())[0]["data"]["request.json"]  # the tuner's default applies
+    assert TuningRequest.model_validate_json(unset).tuning.confidence is None
+
+
 def test_the_simulated_tuner_runs_unprivileged_with_a_writable_tmp() -> None:
     p = pod(body("simulated"))
     (c,) = p["containers"]

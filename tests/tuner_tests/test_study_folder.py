@@ -56,6 +56,24 @@ def test_the_same_study_resumes_even_with_another_budget(tmp_path: Path) -> None
     assert f"Resuming the study in {out}" in stderr
 
 
+def test_a_lower_confidence_stops_sooner_and_raising_it_resumes_the_study(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, stdout, stderr = _tune(EXAMPLE, "--out", out, "--confidence", 0.8)
+    assert code == 0, stdout + stderr
+    quick = json.loads((out / "report.json").read_text())
+    assert "< 20%; confidence the optimum was found" in quick["stopped_reason"]
+    assert quick["confidence"] >= 0.8
+    # The same request at the default target: the same study, resumed with the trials it has.
+    code, stdout, stderr = _tune(EXAMPLE, "--out", out)
+    assert code == 0, stdout + stderr
+    assert f"Resuming the study in {out}" in stderr
+    sure = json.loads((out / "report.json").read_text())
+    assert "< 5%; confidence the optimum was found" in sure["stopped_reason"]
+    assert sure["confidence"] >= 0.95
+    assert sure["executed_trials"] > quick["executed_trials"]
+    assert len(journal_storage(out).get_all_studies()) == 1
+
+
 def test_another_backend_or_sampler_is_refused_naming_each(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert _tune(EXAMPLE, "--out", out)[0] == 0

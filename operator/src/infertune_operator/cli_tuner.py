@@ -38,6 +38,13 @@ def tune(
             help="Override spec.tuning.sampler.", **one_of(Sampler, "--sampler", "sampler")
         ),
     ] = None,
+    confidence: Annotated[
+        float | None,
+        typer.Option(
+            help=f"Override spec.tuning.confidence: how sure `auto` must be before it stops "
+            f"(default {defaults.CONFIDENCE})."
+        ),
+    ] = None,
     server_command: Annotated[
         str | None,
         typer.Option(
@@ -83,6 +90,11 @@ def tune(
         overrides["max_trials"] = max_trials
     if sampler is not None:
         overrides["sampler"] = sampler
+    if confidence is not None:
+        low, high = defaults.CONFIDENCE_RANGE
+        if not low <= confidence <= high:
+            raise InputError(f"--confidence must be between {low} and {high}, not {confidence}")
+        overrides["confidence"] = confidence
     request = request.model_copy(update={"tuning": request.tuning.model_copy(update=overrides)})
     out_dir = out or Path("infertune-out") / request.name
     shown = TuneProgress(out_dir, bar=progress)

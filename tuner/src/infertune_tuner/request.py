@@ -18,6 +18,10 @@ from infertune_tuner.metrics import Percentile, latency_metric
 from infertune_tuner.schema import Record
 
 Sampler = Literal["auto", "tpe", "random", "grid"]
+# How sure `auto` must be before it stops (defaults.CONFIDENCE says why the range).
+Confidence = Annotated[
+    float, Field(ge=defaults.CONFIDENCE_RANGE[0], le=defaults.CONFIDENCE_RANGE[1])
+]
 
 
 def _registered(key: str) -> str:
@@ -90,6 +94,10 @@ class TuningOptions(Record):
     timeout_minutes: int | None = None
     storage: str | None = None
     startup_timeout_minutes: Annotated[int, Field(ge=1)] = defaults.STARTUP_TIMEOUT_MINUTES
+    # How sure `auto` must be that no untried configuration beats the best by more than 2 % before
+    # it stops (None: defaults.CONFIDENCE). Like max_trials, a stopping rule: not part of the
+    # study's identity, so a study tuned to 0.9 resumes towards 0.95 with the trials it has.
+    confidence: Confidence | None = None
 
 
 class TuningRequest(Record):

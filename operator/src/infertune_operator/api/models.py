@@ -44,7 +44,7 @@ from infertune_operator.api.status import VerificationStatus as VerificationStat
 from infertune_tuner import defaults
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, KvCacheDtype, Quantization
 from infertune_tuner.metrics import LATENCY_METRICS, LatencyMetric, listing
-from infertune_tuner.request import Sampler
+from infertune_tuner.request import Confidence, Sampler
 from infertune_tuner.runtime.weights import URI_PATTERN, pvc_claims, uri_problem
 from infertune_tuner.schema import to_camel, with_fields
 
@@ -311,6 +311,12 @@ class TuningSpec(ApiModel):
         f"{defaults.CLUSTER_BACKEND} unless the operator is configured otherwise.",
     )
     sampler: Sampler = defaults.SAMPLER
+    confidence: Confidence | None = Field(
+        default=None,
+        description=f"sampler auto: stop once this sure that no untried configuration beats the "
+        f"best by more than 2 % (default {defaults.CONFIDENCE}). Lower: fewer trials and a weaker "
+        "claim; raising it later resumes the same study with the trials it has.",
+    )
     parallelism: Annotated[int, Field(ge=1, le=64)] = defaults.PARALLELISM
     timeout_minutes: Annotated[int, Field(ge=1)] | None = None
     storage: str | None = Field(

@@ -58,6 +58,7 @@ def to_request(
             max_trials=s.tuning.effective_max_trials(default_max_trials),
             seed=s.tuning.seed,
             sampler=s.tuning.sampler,
+            confidence=s.tuning.confidence,
             backend=s.tuning.effective_backend(default_backend),
             parallelism=s.tuning.parallelism,
             timeout_minutes=s.tuning.timeout_minutes,

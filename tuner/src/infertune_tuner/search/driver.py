@@ -90,9 +90,10 @@ class _Wait(Exception):
 
 def study_name(request: TuningRequest, backend: str) -> str:
     """Same request + backend + sampler -> same study (so a re-run resumes it, and every worker
-    of a shared storage joins it). Where the study lives, the budget and the number of workers
-    are no part of it."""
-    tuning = {"max_trials", "parallelism"} | ({"storage"} if request.tuning.storage else set())
+    of a shared storage joins it). Where the study lives, the budget, the confidence target and
+    the number of workers are no part of it."""
+    tuning = {"max_trials", "parallelism", "confidence"}
+    tuning |= {"storage"} if request.tuning.storage else set()
     payload = request.model_dump(mode="json", exclude={"tuning": tuning})
     payload["_backend"] = backend
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]

@@ -26,7 +26,7 @@ nothing can, since the prior itself may be what is wrong. Every constant is a fi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Literal
 
@@ -107,6 +107,8 @@ class Planner:
         self.priors = priors
         self.seed = seed
         self.settings = settings if settings is not None else SearchSettings()
+        if (confidence := request.tuning.confidence) is not None:  # the user's target wins
+            self.settings = replace(self.settings, stop_probability=round(1 - confidence, 12))
         gpu_mem = request.resolve_gpu().memory_gib
         self.margin = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
         self.universe = [c for c in space.configs if not ruled_out(self.margin[c])]
@@ -357,7 +359,7 @@ class Planner:
         if a.best is not None:
             return Decision(None, stop=StopReason(StopKind.CONVERGED, (
                 f"P(an untried configuration beats {a.best_tps:.0f} tok/s/GPU by more than "
-                f"{st.improvement:.0%}) = {a.p_untried:.1%} < {st.stop_probability:.0%}; "
+                f"{st.improvement:.0%}) = {a.p_untried:.1%} < {100 * st.stop_probability:.3g}%; "
                 f"confidence the optimum was found: {conf:.1%}"
             )), confidence=conf)  # fmt: skip
         if not a.candidates and not known.measured:

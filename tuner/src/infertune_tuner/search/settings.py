@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from infertune_tuner import defaults
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior
 
 
@@ -26,7 +27,8 @@ class SearchSettings:
     improvement: float = 0.02
     # The search stops when P(an untried configuration beats the best by more than
     # `improvement`) falls below this; a confidence >= 1 - this is a claim the benchmark checks.
-    stop_probability: float = 0.05
+    # A request's `tuning.confidence` replaces it (Planner): the default is defaults.CONFIDENCE.
+    stop_probability: float = round(1 - defaults.CONFIDENCE, 12)
     # Once this many trials ran, a new incumbent is measured a second time before exploration goes
     # on (0: only when the search is about to stop).
     confirm_incumbent_after: int = 4
