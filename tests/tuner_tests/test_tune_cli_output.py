@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -60,9 +61,22 @@ def test_the_stop_summary_is_printed_once_on_stdout(tmp_path: Path, cli: CliRunn
     assert "converged" not in stderr and "trials executed" not in stderr, stderr
     assert "report:" in stdout and "report:" not in stderr
     # The summary says what the planner spent its trials on, and the report too.
-    plan = re.search(r"trials executed \((\d+) explore(, \d+ cover)?, (\d+) confirm\)", stdout)
+    plan = re.search(
+        r"(\d+) trials executed \((\d+) explore(, \d+ cover)?, (\d+) confirm; the best first "
+        r"measured in trial (\d+) of (\d+)\)",
+        stdout,
+    )
     assert plan, stdout
-    assert f"Trials by purpose: {plan.group(1)} explore" in (tmp_path / "report.md").read_text()
+    assert plan.group(6) == plan.group(1) and 1 <= int(plan.group(5)) <= int(plan.group(1))
+    report = json.loads((tmp_path / "report.json").read_text())
+    executed = [t for t in report["trials"] if t["executed"]]
+    assert executed[int(plan.group(5)) - 1]["config"] == report["best"]["config"]
+    assert not any(
+        t["config"] == report["best"]["config"] for t in executed[: int(plan.group(5)) - 1]
+    )
+    md = (tmp_path / "report.md").read_text()
+    assert f"Trials by purpose: {plan.group(2)} explore" in md
+    assert "(budget 40, confidence target 0.95)" in md
 
 
 def test_the_progress_shows_the_phase_of_a_long_trial_and_its_elapsed_time() -> None:

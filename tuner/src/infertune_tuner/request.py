@@ -99,6 +99,11 @@ class TuningOptions(Record):
     # study's identity, so a study tuned to 0.9 resumes towards 0.95 with the trials it has.
     confidence: Confidence | None = None
 
+    @property
+    def confidence_target(self) -> float:
+        """The confidence `auto` stops at: the request's, else defaults.CONFIDENCE."""
+        return self.confidence if self.confidence is not None else defaults.CONFIDENCE
+
 
 class TuningRequest(Record):
     schema_: Literal["infertune.request/v1"] = Field(default="infertune.request/v1", alias="schema")

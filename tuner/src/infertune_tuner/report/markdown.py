@@ -61,7 +61,12 @@ def render_markdown(report: Report) -> str:
             else ""
         ),
         f"- Backend `{report.backend}`, sampler `{report.sampler}`: {report.executed_trials} trials "
-        f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials})",
+        f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials}"
+        + (
+            f", confidence target {r.tuning.confidence_target:g})"
+            if report.sampler == "auto"
+            else ")"
+        ),
         f"- Prior: performance model with the `{report.prior_stack}` stack factors",
         *([f"- Trials by purpose: {v.plan}"] if v.plan else []),
         f"- Stopped: {report.stopped_reason}",

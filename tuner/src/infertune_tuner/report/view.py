@@ -257,12 +257,20 @@ PURPOSES = {
 
 
 def plan(report: Report) -> str:
-    """How many executed trials the planner spent on each purpose (in PURPOSES order)."""
+    """How many executed trials the planner spent on each purpose (in PURPOSES order), and
+    which executed trial first measured the best: the trials after it made sure of it (what a
+    lower `tuning.confidence` would have saved)."""
     counts = {k: 0 for k in PURPOSES}
-    for t in report.trials:
-        if t.executed and t.purpose in counts:
+    executed = [t for t in report.trials if t.executed]
+    for t in executed:
+        if t.purpose in counts:
             counts[t.purpose] += 1
-    return ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    out = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    if out and report.best is not None:
+        first = next((i for i, t in enumerate(executed, 1) if t.config == report.best.config), None)
+        if first is not None:
+            out += f"; the best first measured in trial {first} of {len(executed)}"
+    return out
 
 
 def build_view(report: Report) -> View:
