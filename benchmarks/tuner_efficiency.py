@@ -116,10 +116,10 @@ def _row(label: str, rows: list[Run]) -> str:
     )
 
 
-def _reaches(truth: Truth, got: float, ok: bool) -> bool:
-    """Whether a configuration with true tok/s/GPU `got`, truly meeting every bound within its
-    zone (`ok`), reaches the optimum."""
-    return ok and got >= REACH * truth.optimum
+def _reaches(got: float, ok: bool, optimum: float) -> bool:
+    """Whether a configuration with true tok/s/GPU `got`, truly meeting every bound (`ok`),
+    reaches `optimum` (the zone-aware or the strict one)."""
+    return ok and got >= REACH * optimum
 
 
 def run_world(
@@ -152,14 +152,13 @@ def run_world(
         assert report is not None
         chosen = report.best.config.to_config() if report.best else None
         got, ok, ok_strict = truth.value(chosen)
-        reached = (chosen is None and truth.optimum == 0.0) or _reaches(truth, got, ok)
-        if truth.strict == 0.0:
-            strict = chosen is None or ok_strict
-        else:
-            strict = ok_strict and got >= REACH * truth.strict
+        # Where nothing meets the SLO, choosing nothing is right too.
+        reached = (chosen is None and truth.optimum == 0.0) or _reaches(got, ok, truth.optimum)
+        strict = (chosen is None and truth.strict == 0.0) or _reaches(got, ok_strict, truth.strict)
         wide = sum(1 for c in executed if ruled_out(margins[c]))
         found_at = next(
-            (i for i, c in enumerate(executed, 1) if _reaches(truth, *truth.value(c)[:2])), None
+            (i for i, c in enumerate(executed, 1) if _reaches(*truth.value(c)[:2], truth.optimum)),
+            None,
         )
         confidence = report.confidence
         label = chosen.label() if chosen else "-"
@@ -201,7 +200,11 @@ def _lofo(
 def _setting(text: str) -> tuple[str, float | int | bool]:
     """`NAME=VALUE` for --set: a SearchSettings field and a value of its type."""
     name, sep, value = text.partition("=")
-    kinds = {f.name: f.type for f in dataclasses.fields(SearchSettings) if f.name != "hyperprior"}
+    kinds = {  # a field's type is its annotation's text (settings.py postpones annotations)
+        f.name: f.type if isinstance(f.type, str) else f.type.__name__
+        for f in dataclasses.fields(SearchSettings)
+        if f.name != "hyperprior"
+    }
     if not sep or name not in kinds:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(kinds))}"

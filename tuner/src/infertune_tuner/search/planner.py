@@ -44,7 +44,7 @@ from infertune_tuner.search.joint import Posterior, log_bound
 from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
 from infertune_tuner.search.plausibility import decode_bound
 from infertune_tuner.search.residuals import bound_key, predicted, residuals, tie
-from infertune_tuner.search.settings import SearchSettings
+from infertune_tuner.search.settings import SearchSettings, stop_probability_for
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import StopKind, StopReason
 
@@ -108,7 +108,9 @@ class Planner:
         self.seed = seed
         self.settings = settings if settings is not None else SearchSettings()
         if (confidence := request.tuning.confidence) is not None:  # the user's target wins
-            self.settings = replace(self.settings, stop_probability=round(1 - confidence, 12))
+            self.settings = replace(
+                self.settings, stop_probability=stop_probability_for(confidence)
+            )
         gpu_mem = request.resolve_gpu().memory_gib
         self.margin = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
         self.universe = [c for c in space.configs if not ruled_out(self.margin[c])]

@@ -17,6 +17,12 @@ from infertune_tuner import defaults
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior
 
 
+def stop_probability_for(confidence: float) -> float:
+    """The stop rule's threshold for a confidence target: P(an untried configuration beats the
+    best) below 1 - confidence (rounded: 1 - 0.95 is 0.05, not 0.050000000000000044)."""
+    return round(1 - confidence, 12)
+
+
 @dataclass(frozen=True)
 class SearchSettings:
     # How large and how smooth the performance model's errors are (hyperprior.py): fitted across
@@ -28,7 +34,7 @@ class SearchSettings:
     # The search stops when P(an untried configuration beats the best by more than
     # `improvement`) falls below this; a confidence >= 1 - this is a claim the benchmark checks.
     # A request's `tuning.confidence` replaces it (Planner): the default is defaults.CONFIDENCE.
-    stop_probability: float = round(1 - defaults.CONFIDENCE, 12)
+    stop_probability: float = stop_probability_for(defaults.CONFIDENCE)
     # Once this many trials ran, a new incumbent is measured a second time before exploration goes
     # on (0: only when the search is about to stop).
     confirm_incumbent_after: int = 4
