@@ -63,7 +63,10 @@ from typing import Any
 
 from worldset import ALL_FAMILIES, FIT_FAMILIES, Truth, World, truth_of, worlds, write_csv
 
+from infertune_tuner.backends.simulated import LOAD_GIB_PER_S, SERVER_START_S, WARMUP_SHARE
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.perfmodel.latency import Prediction
+from infertune_tuner.result import Report
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior, fit_hyperprior
 from infertune_tuner.search.memory_fit import memory_margin, ruled_out
@@ -89,6 +92,10 @@ class Run:
     # The executed trial (1-based) that first measured a configuration the run would reach the
     # optimum by choosing; None: no such trial. The trials after it were the proof.
     found_at: int | None = None
+    # Measurements: the executed trials plus the lower max batches measured on their servers.
+    measurements: int = 0
+    # Modelled GPU minutes of the run's trials (gpu_minutes): what the rungs cost in time.
+    minutes: float = 0.0
 
 
 def _p90(xs: list[int]) -> int:
@@ -103,6 +110,8 @@ def _row(label: str, rows: list[Run]) -> str:
     wide = sum(r.wide_margin_executed for r in rows)
     found = [r.found_at for r in rows if r.found_at is not None]
     found_at = f"{statistics.median(found):>6.1f}" if found else f"{'-':>6}"
+    measured = statistics.median(r.measurements for r in rows)
+    minutes = statistics.median(r.minutes for r in rows)
     confident = [r for r in rows if r.confidence is not None and r.confidence >= 0.95]
     if confident:
         right = sum(r.reached for r in confident) / len(confident)
@@ -112,8 +121,26 @@ def _row(label: str, rows: list[Run]) -> str:
         calib = f"{'-':>20}"
     return (
         f"{label:14} {len(rows):>5} {share:>9.0%} {strict:>7.0%} {statistics.median(trials):>8.1f} "
-        f"{_p90(trials):>5} {found_at} {wide:>6} {calib}"
+        f"{_p90(trials):>5} {found_at} {measured:>6.1f} {minutes:>6.0f} {wide:>6} {calib}"
     )
+
+
+def gpu_minutes(report: Report, priors: dict[TrialConfig, Prediction]) -> float:
+    """The GPU time a run's trials would take with the simulated pool's clock (simulated.py):
+    per launch a server start and a weight load, per measurement (a launch's own, a rung's) a
+    warm-up and the measured requests. A replayed table records no durations: its runs count
+    launches only."""
+    seconds = 0.0
+    for t in report.trials:
+        if not t.executed:
+            continue
+        if t.launch is None:
+            cfg = t.config.to_config()
+            seconds += (
+                SERVER_START_S + priors[cfg].memory.weights_gib_per_gpu * cfg.tp / LOAD_GIB_PER_S
+            )
+        seconds += (t.duration_s or 0.0) * (1 + WARMUP_SHARE)
+    return seconds / 60
 
 
 def _reaches(got: float, ok: bool, optimum: float) -> bool:
@@ -156,8 +183,15 @@ def run_world(
         reached = (chosen is None and truth.optimum == 0.0) or _reaches(got, ok, truth.optimum)
         strict = (chosen is None and truth.strict == 0.0) or _reaches(got, ok_strict, truth.strict)
         wide = sum(1 for c in executed if ruled_out(margins[c]))
+        # Counted in launches: a rung measured on a trial's server was found in that trial.
+        done = [t for t in report.trials if t.executed]
+        launches = [t.number for t in done if t.launch is None]
         found_at = next(
-            (i for i, c in enumerate(executed, 1) if _reaches(*truth.value(c)[:2], truth.optimum)),
+            (
+                launches.index(t.launch if t.launch is not None else t.number) + 1
+                for t in done
+                if _reaches(*truth.value(t.config.to_config())[:2], truth.optimum)
+            ),
             None,
         )
         confidence = report.confidence
@@ -179,7 +213,9 @@ def run_world(
             and t.metrics.output_tokens_per_s_per_gpu > 0
         )  # fmt: skip
         run = Run(world.family, world.name, world.seed, reached, strict,
-                  report.executed_trials, wide, confidence, share, surprised, found_at)  # fmt: skip
+                  report.executed_trials, wide, confidence, share, surprised, found_at,
+                  report.executed_trials + report.rung_measurements,
+                  gpu_minutes(report, priors))  # fmt: skip
         out.append((sampler, run, line))
     return out
 
@@ -299,11 +335,14 @@ def main() -> None:
           f"hyperprior: {args.hyperprior}; budget {args.budget}; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip
     head = (f"{'':14} {'runs':>5} {'>=98% opt':>9} {'strict':>7} {'median':>8} {'p90':>5} "
-            f"{'found':>6} {'wide':>6} {'calibration (strict)':>20}")  # fmt: skip
+            f"{'found':>6} {'meas':>6} {'gpu-min':>6} {'wide':>6} {'calibration (strict)':>20}")  # fmt: skip
     for sampler, rows in results.items():
         print(f"\n[{sampler}]  trials executed (confirmations included); found = median trial "
               "that first measured a configuration reaching the optimum (the trials after it "
-              "were the proof); wide = executed configs the memory model rules out by a wide "
+              "were the proof); meas = median measurements (the trials plus the lower max "
+              "batches measured on their servers); gpu-min = median modelled GPU minutes of a "
+              "run's trials (server starts, weight loads, warm-ups, measurements; replayed tables "
+              "record no durations); wide = executed configs the memory model rules out by a wide "
               "margin; calibration = runs that reached the optimum (strictly) among those "
               "claiming >= 95 % confidence")  # fmt: skip
         print(head)

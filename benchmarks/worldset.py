@@ -25,13 +25,14 @@ import hashlib
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from infertune_tuner import slo as slo_mod
-from infertune_tuner.backends.base import BenchmarkBackend
+from infertune_tuner.backends.base import BenchmarkBackend, Rung, Sweep, Sweeps, sweep_each
 from infertune_tuner.backends.replay import load_table
 from infertune_tuner.backends.worlds import FAMILIES, WorldBackend
 from infertune_tuner.config import TrialConfig
@@ -156,6 +157,10 @@ class NoisyReplay:
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         return self.jitter(config, self._rng(config, repeat))
 
+    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
+        held = [r for r in lower if replace(config, max_batch_size=r.batch) in self._table]
+        return sweep_each(self, config, repeat, held)
+
     def _rng(self, config: TrialConfig, repeat: int) -> np.random.Generator:
         return _rng(self._world, self._seed, config.label(), repeat)
 
@@ -195,6 +200,25 @@ def _faster(m: Measurement, f: float) -> Measurement:
                           duration_s=m.duration_s, concurrency=m.concurrency)  # fmt: skip
 
 
+def _faster_sweep(
+    inner: Sweeps,
+    config: TrialConfig,
+    repeat: int,
+    lower: Sequence[Rung],
+    factor: Callable[[TrialConfig, int], float],
+) -> Sweep:
+    """`inner`'s sweep with each run made `factor(its configuration, its repeat)` faster."""
+    s = inner.sweep(config, repeat=repeat, lower=lower)
+    reps = {r.batch: r.repeat for r in lower}
+    return Sweep(
+        _faster(s.first, factor(config, repeat)),
+        {
+            b: _faster(m, factor(replace(config, max_batch_size=b), reps[b]))
+            for b, m in s.lower.items()
+        },
+    )
+
+
 class KernelLuck:
     """A pool whose every configuration runs a fixed factor off what its neighbours suggest:
     tok/s/GPU x f, every latency / f, f = exp(N(0, sd)) drawn once per configuration (seeded
@@ -207,11 +231,15 @@ class KernelLuck:
         self.name = inner.name
         self.speedup = inner.speedup
 
-    def factor(self, config: TrialConfig) -> float:
+    def factor(self, config: TrialConfig, repeat: int = 0) -> float:
+        """The configuration's fixed luck (the same on every run)."""
         return math.exp(float(_rng("luck", self.world, config.label()).normal(0, self.sd)))
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         return _faster(self.inner.run(config, repeat=repeat), self.factor(config))
+
+    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
+        return _faster_sweep(self.inner, config, repeat, lower, self.factor)
 
     def truth(self, config: TrialConfig) -> Measurement:
         return _faster(self.inner.truth(config), self.factor(config))
@@ -234,8 +262,14 @@ class RunNoise:
         self.speedup = inner.speedup
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
-        f = math.exp(float(_rng("run", self.world, config.label(), repeat).normal(0, self.sd)))
-        return _faster(self.inner.run(config, repeat=repeat), f)
+        return _faster(self.inner.run(config, repeat=repeat), self.factor(config, repeat))
+
+    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
+        return _faster_sweep(self.inner, config, repeat, lower, self.factor)
+
+    def factor(self, config: TrialConfig, repeat: int) -> float:
+        """This run's luck (drawn anew per run)."""
+        return math.exp(float(_rng("run", self.world, config.label(), repeat).normal(0, self.sd)))
 
     def truth(self, config: TrialConfig) -> Measurement:
         return self.inner.truth(config)

@@ -24,6 +24,7 @@ def confirmations(
     best: TrialConfig,
     rivals: set[TrialConfig],
     settings: SearchSettings,
+    doubted: set[TrialConfig] | None = None,
 ) -> list[TrialConfig]:
     """The configurations to measure again, the incumbent first (see the module doc).
 
@@ -32,7 +33,10 @@ def confirmations(
         known: What the study measured and has in flight.
         best: The incumbent.
         rivals: Measured feasible configurations with a real chance to beat it.
-        settings: `improvement`, `confirm_margin`.
+        settings: `improvement`, `confirm_margin`, `tie_repeats`.
+        doubted: Measured rivals the posterior holds more likely than not to beat the incumbent
+            (its smooth shape disagrees with their runs' order): they and the incumbent are
+            measured until each has `tie_repeats` runs.
     """
     best_tps = known.measured[best].output_tokens_per_s_per_gpu or 0.0
     # A configuration another worker is measuring again is confirmed there.
@@ -54,6 +58,14 @@ def confirmations(
         if margins and min(margins) < settings.confirm_margin:
             out.append(cfg)
     out += [c for c in straddling(request, known, best_tps, settings) if c not in out]
+    if doubted:
+        for cfg in [best, *sorted(doubted)]:
+            if (
+                cfg not in out
+                and cfg not in known.in_flight
+                and (known.repeats(cfg) < settings.tie_repeats)
+            ):
+                out.append(cfg)
     return out
 
 

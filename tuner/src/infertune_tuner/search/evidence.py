@@ -75,6 +75,7 @@ class Known:
     checks: dict[TrialConfig, list[SloCheck]] = field(default_factory=dict)
     in_flight: set[TrialConfig] = field(default_factory=set)
     covers: list[TrialConfig] = field(default_factory=list)  # measured to cover a structure
+    rungs: int = 0  # of the runs, measured on another trial's server (records.RUNG)
 
     @classmethod
     def build(
@@ -83,8 +84,12 @@ class Known:
         runs: dict[TrialConfig, list[Measurement]],
         in_flight: set[TrialConfig] | None = None,
         covers: list[TrialConfig] | None = None,
+        *,
+        rungs: int = 0,
     ) -> Known:
-        known = cls(runs=runs, in_flight=set(in_flight or ()), covers=list(covers or ()))
+        known = cls(
+            runs=runs, in_flight=set(in_flight or ()), covers=list(covers or ()), rungs=rungs
+        )
         for cfg, ms in runs.items():
             typical = combine(ms)
             known.measured[cfg] = typical
@@ -93,8 +98,9 @@ class Known:
 
     @property
     def executed(self) -> int:
-        """Executed trials, repeats included."""
-        return sum(len(ms) for ms in self.runs.values())
+        """Executed trials (server launches), repeats included; a rung measured on a trial's
+        server is a measurement, not a trial."""
+        return sum(len(ms) for ms in self.runs.values()) - self.rungs
 
     def repeats(self, cfg: TrialConfig) -> int:
         return len(self.runs.get(cfg, ()))
