@@ -92,9 +92,7 @@ class Run:
     # The executed trial (1-based) that first measured a configuration the run would reach the
     # optimum by choosing; None: no such trial. The trials after it were the proof.
     found_at: int | None = None
-    # Measurements: the executed trials plus the lower max batches measured on their servers.
-    measurements: int = 0
-    # Modelled GPU minutes of the run's trials (gpu_minutes): what the rungs cost in time.
+    # Modelled GPU minutes of the run's trials (gpu_minutes).
     minutes: float = 0.0
 
 
@@ -110,7 +108,6 @@ def _row(label: str, rows: list[Run]) -> str:
     wide = sum(r.wide_margin_executed for r in rows)
     found = [r.found_at for r in rows if r.found_at is not None]
     found_at = f"{statistics.median(found):>6.1f}" if found else f"{'-':>6}"
-    measured = statistics.median(r.measurements for r in rows)
     minutes = statistics.median(r.minutes for r in rows)
     confident = [r for r in rows if r.confidence is not None and r.confidence >= 0.95]
     if confident:
@@ -121,25 +118,22 @@ def _row(label: str, rows: list[Run]) -> str:
         calib = f"{'-':>20}"
     return (
         f"{label:14} {len(rows):>5} {share:>9.0%} {strict:>7.0%} {statistics.median(trials):>8.1f} "
-        f"{_p90(trials):>5} {found_at} {measured:>6.1f} {minutes:>6.0f} {wide:>6} {calib}"
+        f"{_p90(trials):>5} {found_at} {minutes:>7.0f} {wide:>6} {calib}"
     )
 
 
 def gpu_minutes(report: Report, priors: dict[TrialConfig, Prediction]) -> float:
-    """The GPU time a run's trials would take with the simulated pool's clock (simulated.py):
-    per launch a server start and a weight load, per measurement (a launch's own, a rung's) a
-    warm-up and the measured requests. A replayed table records no durations: its runs count
-    launches only."""
+    """The GPU time a run's trials would take on the simulated pool's clock (simulated.py): per
+    trial a server start, a weight load, a warm-up and the measured requests. A replayed table
+    records no durations (its trials count start and load only)."""
     seconds = 0.0
     for t in report.trials:
-        if not t.executed:
-            continue
-        if t.launch is None:
+        if t.executed:
             cfg = t.config.to_config()
             seconds += (
                 SERVER_START_S + priors[cfg].memory.weights_gib_per_gpu * cfg.tp / LOAD_GIB_PER_S
             )
-        seconds += (t.duration_s or 0.0) * (1 + WARMUP_SHARE)
+            seconds += (t.duration_s or 0.0) * (1 + WARMUP_SHARE)
     return seconds / 60
 
 
@@ -183,15 +177,8 @@ def run_world(
         reached = (chosen is None and truth.optimum == 0.0) or _reaches(got, ok, truth.optimum)
         strict = (chosen is None and truth.strict == 0.0) or _reaches(got, ok_strict, truth.strict)
         wide = sum(1 for c in executed if ruled_out(margins[c]))
-        # Counted in launches: a rung measured on a trial's server was found in that trial.
-        done = [t for t in report.trials if t.executed]
-        launches = [t.number for t in done if t.launch is None]
         found_at = next(
-            (
-                launches.index(t.launch if t.launch is not None else t.number) + 1
-                for t in done
-                if _reaches(*truth.value(t.config.to_config())[:2], truth.optimum)
-            ),
+            (i for i, c in enumerate(executed, 1) if _reaches(*truth.value(c)[:2], truth.optimum)),
             None,
         )
         confidence = report.confidence
@@ -214,7 +201,6 @@ def run_world(
         )  # fmt: skip
         run = Run(world.family, world.name, world.seed, reached, strict,
                   report.executed_trials, wide, confidence, share, surprised, found_at,
-                  report.executed_trials + report.rung_measurements,
                   gpu_minutes(report, priors))  # fmt: skip
         out.append((sampler, run, line))
     return out
@@ -335,14 +321,13 @@ def main() -> None:
           f"hyperprior: {args.hyperprior}; budget {args.budget}; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip
     head = (f"{'':14} {'runs':>5} {'>=98% opt':>9} {'strict':>7} {'median':>8} {'p90':>5} "
-            f"{'found':>6} {'meas':>6} {'gpu-min':>6} {'wide':>6} {'calibration (strict)':>20}")  # fmt: skip
+            f"{'found':>6} {'gpu-min':>7} {'wide':>6} {'calibration (strict)':>20}")  # fmt: skip
     for sampler, rows in results.items():
         print(f"\n[{sampler}]  trials executed (confirmations included); found = median trial "
               "that first measured a configuration reaching the optimum (the trials after it "
-              "were the proof); meas = median measurements (the trials plus the lower max "
-              "batches measured on their servers); gpu-min = median modelled GPU minutes of a "
-              "run's trials (server starts, weight loads, warm-ups, measurements; replayed tables "
-              "record no durations); wide = executed configs the memory model rules out by a wide "
+              "were the proof); gpu-min = median modelled GPU minutes of a run's trials (server "
+              "starts, weight loads, warm-ups, measurements; replayed tables record no "
+              "durations); wide = executed configs the memory model rules out by a wide "
               "margin; calibration = runs that reached the optimum (strictly) among those "
               "claiming >= 95 % confidence")  # fmt: skip
         print(head)

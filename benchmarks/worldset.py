@@ -25,14 +25,13 @@ import hashlib
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from infertune_tuner import slo as slo_mod
-from infertune_tuner.backends.base import BenchmarkBackend, Rung, Sweep, Sweeps, sweep_each
+from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.backends.replay import load_table
 from infertune_tuner.backends.worlds import FAMILIES, WorldBackend
 from infertune_tuner.config import TrialConfig
@@ -157,10 +156,6 @@ class NoisyReplay:
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         return self.jitter(config, self._rng(config, repeat))
 
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        held = [r for r in lower if replace(config, max_batch_size=r.batch) in self._table]
-        return sweep_each(self, config, repeat, held)
-
     def _rng(self, config: TrialConfig, repeat: int) -> np.random.Generator:
         return _rng(self._world, self._seed, config.label(), repeat)
 
@@ -200,25 +195,6 @@ def _faster(m: Measurement, f: float) -> Measurement:
                           duration_s=m.duration_s, concurrency=m.concurrency)  # fmt: skip
 
 
-def _faster_sweep(
-    inner: Sweeps,
-    config: TrialConfig,
-    repeat: int,
-    lower: Sequence[Rung],
-    factor: Callable[[TrialConfig, int], float],
-) -> Sweep:
-    """`inner`'s sweep with each run made `factor(its configuration, its repeat)` faster."""
-    s = inner.sweep(config, repeat=repeat, lower=lower)
-    reps = {r.batch: r.repeat for r in lower}
-    return Sweep(
-        _faster(s.first, factor(config, repeat)),
-        {
-            b: _faster(m, factor(replace(config, max_batch_size=b), reps[b]))
-            for b, m in s.lower.items()
-        },
-    )
-
-
 class KernelLuck:
     """A pool whose every configuration runs a fixed factor off what its neighbours suggest:
     tok/s/GPU x f, every latency / f, f = exp(N(0, sd)) drawn once per configuration (seeded
@@ -231,15 +207,11 @@ class KernelLuck:
         self.name = inner.name
         self.speedup = inner.speedup
 
-    def factor(self, config: TrialConfig, repeat: int = 0) -> float:
-        """The configuration's fixed luck (the same on every run)."""
+    def factor(self, config: TrialConfig) -> float:
         return math.exp(float(_rng("luck", self.world, config.label()).normal(0, self.sd)))
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         return _faster(self.inner.run(config, repeat=repeat), self.factor(config))
-
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        return _faster_sweep(self.inner, config, repeat, lower, self.factor)
 
     def truth(self, config: TrialConfig) -> Measurement:
         return _faster(self.inner.truth(config), self.factor(config))
@@ -262,14 +234,8 @@ class RunNoise:
         self.speedup = inner.speedup
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
-        return _faster(self.inner.run(config, repeat=repeat), self.factor(config, repeat))
-
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        return _faster_sweep(self.inner, config, repeat, lower, self.factor)
-
-    def factor(self, config: TrialConfig, repeat: int) -> float:
-        """This run's luck (drawn anew per run)."""
-        return math.exp(float(_rng("run", self.world, config.label(), repeat).normal(0, self.sd)))
+        f = math.exp(float(_rng("run", self.world, config.label(), repeat).normal(0, self.sd)))
+        return _faster(self.inner.run(config, repeat=repeat), f)
 
     def truth(self, config: TrialConfig) -> Measurement:
         return self.inner.truth(config)

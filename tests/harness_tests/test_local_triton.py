@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 import yaml
 
-from infertune_tuner.backends.base import Rung
 from infertune_tuner.backends.triton import TritonBackend
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.engine import modelled_steady_state
@@ -86,29 +85,6 @@ def test_a_trial_on_real_triton_measures_the_model_bodys_timing(tmp_path: Path) 
     assert not tritonservers_under(tmp_path), "a tritonserver outlived its trial"
     log = next(tmp_path.glob("trial-*/server.log")).read_text()
     assert "Started GRPCInferenceService" in log  # the real server, not a stand-in
-
-
-def test_one_real_server_measures_its_lower_rungs(tmp_path: Path) -> None:
-    """A sweep starts one tritonserver for max batch 8 and measures it at concurrency 8, then 4:
-    the rung's timing is the model body's at 4 sequences, not at 8."""
-    config = TrialConfig(1, 8, "bf16", "auto")
-    swept = backend(tmp_path, LocalTritonRuntime()).sweep(config, lower=[Rung(4)])
-    assert swept.first.status == "ok", swept.first.reason
-    assert set(swept.lower) == {4} and swept.lower[4].status == "ok", swept.lower
-    rung = swept.lower[4]
-    assert (rung.requests, rung.errors) == (24, 0) and rung.concurrency is not None
-    assert rung.concurrency <= 4 < (swept.first.concurrency or 0) + 1
-    req = request()
-    expected = modelled_steady_state(
-        req.resolve_model(), req.resolve_gpu(), TrialConfig(1, 4, "bf16", "auto"),
-        Workload(64, 8), concurrency=4, requests=24, warmup=8,
-    )  # fmt: skip
-    itl = expected.itl_ms.p50 if expected.itl_ms else 0.0
-    assert rung.itl_ms is not None and itl * 0.9 <= rung.itl_ms.p50 <= itl * 1.5 + 1.0
-    # One launch: one trial folder, one server start in its log.
-    [log] = list(tmp_path.glob("trial-*/server.log"))
-    assert log.read_text().count("Started GRPCInferenceService") == 1
-    assert not tritonservers_under(tmp_path), "a tritonserver outlived its trial"
 
 
 def test_the_served_repository_is_the_rendered_one(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ import socket
 import sys
 import textwrap
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 from infertune_tuner.backends import triton as triton_backend
-from infertune_tuner.backends.base import BenchmarkBackend, Rung
+from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.backends.triton import TritonBackend, default_requests, default_warmup
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
@@ -251,25 +250,3 @@ def test_the_token_reaches_the_server_and_nothing_infertune_writes(
     for f in tmp_path.rglob("*"):
         if f.is_file():
             assert token not in f.read_text(errors="replace"), f
-
-
-def test_a_sweep_stops_at_the_first_rung_that_fails(tmp_path: Path) -> None:
-    """Rungs are measured on the launched server in order; once one fails (here: it asks for a
-    model the server does not serve), the server is no longer trusted and the rest are not run."""
-    b = backend(request(), tmp_path, server_command=TEMPLATE)
-    plan = b.plan(TrialConfig(1, 8, "bf16", "auto"), tmp_path / "trial", lower=[Rung(4), Rung(2)])
-    assert [x.concurrency for x in plan.lower] == [4, 2]
-    broken = replace(plan, lower=(replace(plan.lower[0], model="nope"), plan.lower[1]))
-    outcome = run_trial(broken)
-    assert outcome.status == "ok", outcome.reason
-    [failed] = outcome.lower
-    assert failed.status == "error" and failed.reason
-    assert refused(plan.load.url)
-
-
-def test_a_sweep_on_the_simulated_server_measures_each_rung(tmp_path: Path) -> None:
-    b = backend(request(), tmp_path, server_command=TEMPLATE)
-    swept = b.sweep(TrialConfig(1, 8, "bf16", "auto"), lower=[Rung(4), Rung(2)])
-    assert swept.first.status == "ok" and sorted(swept.lower) == [2, 4]
-    assert all(m.status == "ok" and (m.concurrency or 0) <= b for b, m in swept.lower.items())
-    assert len(list(tmp_path.glob("trial-*"))) == 1  # one launch

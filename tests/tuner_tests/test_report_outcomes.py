@@ -158,7 +158,7 @@ def test_the_confidence_says_why_it_is_below_the_stop_rule(tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "report.json").read_text())
     untried, conf = report["p_untried_beats"], report["confidence"]
-    assert 1 - untried - conf > 0.02, (untried, conf)  # the two numbers this is about
+    assert 1 - untried - conf > 0.05, (untried, conf)  # the two numbers this is about
     assert report["near_ties"], report
     tie = report["near_ties"][0]["config"]
     label = (

@@ -35,11 +35,10 @@ def _tune(tmp_path: Path, spec: Path, *args: str) -> Path:
 
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quick start with the random sampler and 14 trials (each with up to 3 lower max
-    batches measured on its server, so under plot.MAX_LABELS points): many points, close
-    together, several pairs that differ only in their KV-cache dtype."""
+    """The quick start with the random sampler and 40 trials: many points, close together,
+    several pairs that differ only in their KV-cache dtype."""
     return _tune(tmp_path_factory.mktemp("dense"), REPO / "examples" / "llama2-70b-h100.yaml",
-                 "--sampler", "random", "--max-trials", "14")  # fmt: skip
+                 "--sampler", "random", "--max-trials", "40")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

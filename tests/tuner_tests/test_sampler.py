@@ -15,6 +15,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.run import prior_predictions
+from infertune_tuner.search.driver import distributions, make_sampler
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.records import (
     ATTR_CHECKS,
@@ -27,9 +28,7 @@ from infertune_tuner.search.samplers import (
     AutoSampler,
     BudgetCallback,
     SkipRuledOut,
-    distributions,
     make_base_sampler,
-    make_sampler,
     stopped,
 )
 from infertune_tuner.space import SearchSpace, build_space

@@ -13,6 +13,7 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.run import prior_predictions
 from infertune_tuner.search.classify import implied
+from infertune_tuner.search.confirm import confirmations
 from infertune_tuner.search.evidence import Known, combine
 from infertune_tuner.search.memory_fit import ruled_out
 from infertune_tuner.search.planner import Decision, Planner
@@ -151,3 +152,28 @@ def test_measured_neighbours_rule_configurations_out() -> None:
     # A miss within the noise rules out nothing: real pools are not perfectly monotonic.
     near = Known.build(req, {small: [_e2e(26500)]})
     assert _why(TrialConfig(2, 128, "fp8", "auto"), near) is None
+
+
+def _ok(tps: float) -> Measurement:
+    return Measurement.ok(
+        {"e2e_ms": Percentiles(1000.0, 1100.0, 1200.0)}, output_tokens_per_s_per_gpu=tps
+    )
+
+
+def test_a_rival_the_posterior_prefers_is_measured_with_the_incumbent_until_three_runs_each() -> (
+    None
+):
+    """Two runs each can still rank a lucky configuration first (the noisy family: a batch
+    measured 6 % and 10 % over its truth beat the optimum). When the posterior holds a measured
+    rival more likely than not the better one, both get a third run before the search stops."""
+    req = request(e2e_p95=10_000_000)
+    best, rival = TrialConfig(4, 192, "fp8", "fp8"), TrialConfig(4, 256, "fp8", "fp8")
+    s = SearchSettings()
+    two = Known.build(req, {best: [_ok(1010.0)] * 2, rival: [_ok(1000.0)] * 2})
+    assert confirmations(req, two, best, {rival}, s) == []  # no doubt: two runs each suffice
+    assert confirmations(req, two, best, {rival}, s, doubted={rival}) == [best, rival]
+    # A third run each settles it; one already in flight is measured there.
+    three = Known.build(req, {best: [_ok(1010.0)] * 3, rival: [_ok(1000.0)] * 3})
+    assert confirmations(req, three, best, {rival}, s, doubted={rival}) == []
+    flying = Known.build(req, two.runs, {rival})
+    assert confirmations(req, flying, best, {rival}, s, doubted={rival}) == [best]

@@ -57,15 +57,14 @@ def test_the_same_study_resumes_even_with_another_budget(tmp_path: Path) -> None
 
 
 def test_a_lower_confidence_stops_sooner_and_raising_it_resumes_the_study(tmp_path: Path) -> None:
-    # A pool unlike the model (its mixed family), where certainty costs trials.
-    out, spec, pool = tmp_path / "run", REPO / "examples" / "llama3-8b-l4.yaml", "world:mixed"
-    code, stdout, stderr = _tune(spec, "--backend", pool, "--out", out, "--confidence", 0.6)
+    out = tmp_path / "run"
+    code, stdout, stderr = _tune(EXAMPLE, "--out", out, "--confidence", 0.8)
     assert code == 0, stdout + stderr
     quick = json.loads((out / "report.json").read_text())
-    assert "< 40%; confidence the optimum was found" in quick["stopped_reason"]
-    assert quick["confidence"] >= 0.6
+    assert "< 20%; confidence the optimum was found" in quick["stopped_reason"]
+    assert quick["confidence"] >= 0.8
     # The same request at the default target: the same study, resumed with the trials it has.
-    code, stdout, stderr = _tune(spec, "--backend", pool, "--out", out)
+    code, stdout, stderr = _tune(EXAMPLE, "--out", out)
     assert code == 0, stdout + stderr
     assert f"Resuming the study in {out}" in stderr
     sure = json.loads((out / "report.json").read_text())

@@ -116,10 +116,8 @@ class Trial(Record):
     reason: str | None = None
     slo_checks: list[SloCheck] = Field(default_factory=list)
     duration_s: float | None = None
-    # probe | explore | cover | confirm | rung (report/view.py PURPOSES says what each means)
+    # probe | explore | cover | confirm (report/view.py PURPOSES says what each means)
     purpose: str | None = None
-    # A rung's: the trial whose server measured it at this lower max batch (no launch of its own)
-    launch: int | None = None
 
 
 class MeasuredConfig(Record):
@@ -207,11 +205,8 @@ class Report(Record):
     # Every measured configuration once (the plot's points, a replay table's rows).
     measured: list[MeasuredConfig] = Field(default_factory=list)
     best: Best | None
-    executed_trials: int  # server launches (what maxTrials counts)
+    executed_trials: int
     resumed_trials: int = 0  # of the executed ones, how many an earlier run left in the study
-    # Measurements taken on an executed trial's server at a lower max batch (purpose `rung`):
-    # measurements, not launches, so not in executed_trials.
-    rung_measurements: int = 0
     nearest_misses: list[NearMiss] = Field(default_factory=list)
     # Why the search stopped: its kind (what programs read) and the sentence (what people read).
     stop: StopKind | None = None

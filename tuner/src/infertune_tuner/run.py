@@ -18,7 +18,7 @@ import optuna
 
 from infertune_tuner import defaults
 from infertune_tuner.backends import make_backend
-from infertune_tuner.backends.base import BenchmarkBackend, OnPhase, Sweeps
+from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.measurement import Measurement
@@ -26,11 +26,10 @@ from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report, SloCheck
-from infertune_tuner.search.driver import Search, SearchOutcome, study_name
+from infertune_tuner.search.driver import Search, SearchOutcome, make_sampler, study_name
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.records import executed_trials
-from infertune_tuner.search.samplers import make_sampler
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.stop import INTERRUPTED
@@ -141,10 +140,7 @@ def tune(
         # One folder, one study: never start a second one where an earlier report lies.
         refuse_another_study(out_dir, storage, identity, shared=shared)
         backends.extend(backend_factory(i) for i in range(workers))
-        planner = Planner(
-            request, space, priors, seed=seed, settings=settings,
-            sweeps=all(isinstance(b, Sweeps) for b in backends),
-        )  # fmt: skip
+        planner = Planner(request, space, priors, seed=seed, settings=settings)
         run_id = uuid.uuid4().hex
         sampler = make_sampler(request, space, planner, scope=None if shared else run_id, seed=seed)
         study = optuna.create_study(

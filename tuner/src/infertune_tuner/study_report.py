@@ -192,7 +192,7 @@ def build_report(
     trials: list[Trial] = []
     resumed = 0  # trials an earlier run of the same study executed
     for e in executed:
-        if run is not None and e.run != run and not e.is_rung:
+        if run is not None and e.run != run:
             resumed += 1
         p = priors.get(e.config)
         trials.append(
@@ -208,7 +208,6 @@ def build_report(
                 slo_checks=e.checks,
                 duration_s=round(e.measurement.duration_s, 3) or None,
                 purpose=e.purpose,
-                launch=e.launch,
             )
         )
     trials = sorted(trials + interrupted_trials(study, priors, trials), key=lambda t: t.number)
@@ -281,8 +280,7 @@ def build_report(
         trials=trials,
         measured=measured_configs(known, executed),
         best=best,
-        executed_trials=known.executed,
-        rung_measurements=known.rungs,
+        executed_trials=len(executed),
         resumed_trials=resumed,
         nearest_misses=misses,
         stop=stop.kind,

@@ -8,8 +8,7 @@ Measurement with status `oom`/`error` and a reason. It raises InputError only fo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from infertune_tuner.config import TrialConfig
@@ -39,58 +38,3 @@ class BenchmarkBackend(Protocol):
     def close(self) -> None:
         """Release what the backend holds (servers, files)."""
         ...
-
-
-# A server launched for max batch B also shows what every max batch b < B does: TensorRT-LLM's
-# in-flight batcher schedules at most the requests in flight, so a closed loop of b clients on
-# it is the engine built for b ("set high enough max_batch_size when building the engine ... and
-# use runtime max_batch_size to tune it without re-building the engine", TensorRT-LLM's
-# performance best practices). A launch (engine build or load, server start: minutes) costs far
-# more than a measurement (a workload at one concurrency: tens of seconds), so a trial measures
-# a few lower rungs of its batch ladder on the server it already has.
-
-
-@dataclass(frozen=True, slots=True)
-class Rung:
-    """A lower max batch to measure on a launched server: a closed loop of `batch` clients.
-    `repeat`: how many times the study already measured that configuration (Protocol.run)."""
-
-    batch: int
-    repeat: int = 0
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """One launch's measurements: the launched configuration at its own concurrency (`first`),
-    then each rung's, by batch (none when `first` failed: there was no server to measure)."""
-
-    first: Measurement
-    lower: dict[int, Measurement] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Sweeps(Protocol):
-    """A backend that measures lower rungs on one launch. A backend without `sweep` measures one
-    configuration per launch, and the search asks it for no rungs."""
-
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        """Deploy `config`, measure it at concurrency = max batch, then on the same server at
-        each rung's concurrency (while the server lasts), tear down."""
-        ...
-
-
-def sweep_each(
-    backend: BenchmarkBackend, config: TrialConfig, repeat: int, lower: Sequence[Rung]
-) -> Sweep:
-    """`Sweeps.sweep` for a backend whose every configuration is its own model of the pool
-    (modelled, replayed or simulated numbers, no server): a rung is that configuration's run."""
-    first = backend.run(config, repeat=repeat)
-    if first.status != "ok":
-        return Sweep(first)
-    return Sweep(
-        first,
-        {
-            r.batch: backend.run(replace(config, max_batch_size=r.batch), repeat=r.repeat)
-            for r in lower
-        },
-    )

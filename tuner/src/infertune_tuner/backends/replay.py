@@ -19,11 +19,8 @@ import codecs
 import csv
 import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
-from infertune_tuner.backends.base import Rung, Sweep, sweep_each
 from infertune_tuner.config import KV_CACHE_DTYPE_VALUES, QUANTIZATION_VALUES, TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.measurement import Measurement
@@ -178,12 +175,6 @@ class ReplayBackend:
         if found is None:
             return Measurement.failed("error", f"not in table {self.path.name}")
         return found
-
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        """The rows of `config` and of each rung the table holds (a rung it lacks was not
-        measured on the server that recorded it)."""
-        held = [r for r in lower if replace(config, max_batch_size=r.batch) in self.table]
-        return sweep_each(self, config, repeat, held)
 
     def close(self) -> None:
         return None

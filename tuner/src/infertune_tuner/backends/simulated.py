@@ -21,10 +21,8 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 
-from infertune_tuner.backends.base import Rung, Sweep
 from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.models import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
@@ -127,20 +125,6 @@ class SimulatedBackend:
         if self.time_scale > 0:
             time.sleep(self.time_scale * self.seconds(config, m))
         return m
-
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        """One launch: `config`, then each rung on its server (a rung costs its warm-up and
-        measurement, not another start and load)."""
-        first = self.run(config, repeat=repeat)
-        if first.status != "ok":
-            return Sweep(first)
-        out = {}
-        for r in lower:
-            m = self.measure(replace(config, max_batch_size=r.batch), repeat=r.repeat)
-            if self.time_scale > 0 and m.status == "ok":
-                time.sleep(self.time_scale * m.duration_s * (1 + WARMUP_SHARE))
-            out[r.batch] = m
-        return Sweep(first, out)
 
     def seconds(self, config: TrialConfig, m: Measurement) -> float:
         """The time this trial would take on the pool (see :func:`trial_seconds`)."""

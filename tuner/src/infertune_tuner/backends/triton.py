@@ -30,15 +30,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Iterable
 from pathlib import Path
 
-from infertune_tuner.backends.base import OnPhase, Rung, Sweep
+from infertune_tuner.backends.base import OnPhase
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.loadgen import LoadSpec
-from infertune_tuner.harness.runner import TrialOutcome, TrialPlan, free_ports, run_trial
+from infertune_tuner.harness.runner import TrialPlan, free_ports, run_trial
 from infertune_tuner.measurement import Measurement, TrialPhase, trial_requests
 from infertune_tuner.packing import GpuSet, Lease
 from infertune_tuner.request import TuningRequest
@@ -157,16 +156,9 @@ class TritonBackend:
         """model.yaml's `model` for this config (raises MissingCheckpoint)."""
         return model_path_for(weights_uri(self.request, config))
 
-    def plan(
-        self,
-        config: TrialConfig,
-        trial_dir: Path,
-        lease: Lease | None = None,
-        lower: Sequence[Rung] = (),
-    ) -> TrialPlan:
+    def plan(self, config: TrialConfig, trial_dir: Path, lease: Lease | None = None) -> TrialPlan:
         """Render the repository into `trial_dir` and build the command and load spec
-        (`lease`: the GPUs and ports of a packed trial; else any free ports, every GPU;
-        `lower`: the rungs measured on the same server afterwards)."""
+        (`lease`: the GPUs and ports of a packed trial; else any free ports, every GPU)."""
         repo = trial_dir / "model_repo"
         for rel, text in self.runtime.model_files(self.request, config).items():
             path = repo / rel
@@ -193,20 +185,18 @@ class TritonBackend:
             }  # fmt: skip
             quoted = {k: shlex.quote(str(v)) for k, v in values.items()}
             command = shlex.split(self.server_command.format(**quoted))
-
-        def load_at(b: int) -> LoadSpec:
-            return LoadSpec(
-                url=f"127.0.0.1:{port}",
-                model=SERVED_MODEL,
-                concurrency=b,
-                requests=self.requests_per_trial
-                or default_requests(b, [s.percentile for s in self.request.slo]),
-                warmup=self.warmup if self.warmup is not None else default_warmup(b),
-                input_tokens=self.request.workload.input_tokens,
-                output_tokens=self.request.workload.output_tokens,
-                seed=self.request.tuning.seed or 0,
-            )
-
+        b = config.max_batch_size
+        load = LoadSpec(
+            url=f"127.0.0.1:{port}",
+            model=SERVED_MODEL,
+            concurrency=b,
+            requests=self.requests_per_trial
+            or default_requests(b, [s.percentile for s in self.request.slo]),
+            warmup=self.warmup if self.warmup is not None else default_warmup(b),
+            input_tokens=self.request.workload.input_tokens,
+            output_tokens=self.request.workload.output_tokens,
+            seed=self.request.tuning.seed or 0,
+        )
         hook = self.on_phase
 
         def phase(name: TrialPhase) -> None:
@@ -219,23 +209,17 @@ class TritonBackend:
         env = {**os.environ, **extra} if extra else None
         serial = self.server_command is None and self.runtime.serial_launch(config)
         return TrialPlan(
-            command=command, load=load_at(config.max_batch_size), log_path=trial_dir / "server.log",
+            command=command, load=load, log_path=trial_dir / "server.log",
             startup_timeout_s=self.startup_timeout_s, on_phase=phase, env=env,
             launch_lock=LAUNCH_LOCK if serial else None,
-            lower=tuple(load_at(r.batch) for r in lower),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the interface
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
-        return self.sweep(config, repeat=repeat).first
-
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        """One server for `config`: measured at its max batch, then at each rung's concurrency
-        (backends/base.py says why that is the rung's max batch)."""
         if self.gpus is None:
-            return self._run(config, None, lower)
+            return self._run(config, None)
         with self.gpus.lease(config.tp) as lease:
-            return self._run(config, lease, lower)
+            return self._run(config, lease)
 
     def fetch_weights(self, config: TrialConfig) -> None:
         """Download what the server of `config` loads from the Hugging Face Hub, once per
@@ -261,28 +245,18 @@ class TritonBackend:
                 raise WeightsUnavailable(f"cannot download {repo}: {lines[-1] if lines else ''}")
             self._fetched.add(repo)
 
-    def _run(self, config: TrialConfig, lease: Lease | None, lower: Sequence[Rung]) -> Sweep:
+    def _run(self, config: TrialConfig, lease: Lease | None) -> Measurement:
         self._trials += 1
         label = re.sub(r"[^A-Za-z0-9._-]+", "-", config.label())
         trial_dir = self.workdir / f"trial-{self._trials:03d}-{label}"
         try:
-            plan = self.plan(config, trial_dir, lease, lower)
+            plan = self.plan(config, trial_dir, lease)
             self.fetch_weights(config)
         except (MissingCheckpoint, WeightsUnavailable) as exc:
-            return Sweep(Measurement.failed("error", str(exc)))
+            return Measurement.failed("error", str(exc))
         except (OSError, ValueError) as exc:
-            return Sweep(Measurement.failed("error", f"cannot prepare the trial: {exc}"))
+            return Measurement.failed("error", f"cannot prepare the trial: {exc}")
         outcome = run_trial(plan)
-        return Sweep(
-            self._measurement(config, outcome),
-            {
-                r.batch: self._measurement(replace(config, max_batch_size=r.batch), o)
-                for r, o in zip(lower, outcome.lower, strict=False)
-            },
-        )
-
-    def _measurement(self, config: TrialConfig, outcome: TrialOutcome) -> Measurement:
-        """What one load on a trial's server measured, as the tuner records it."""
         r = outcome.result
         if outcome.status != "ok" or r is None:
             return Measurement(

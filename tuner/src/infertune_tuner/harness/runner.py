@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -186,9 +185,6 @@ class TrialPlan:
     # failed: launches that must not overlap on one machine hold the same file (see
     # backends/triton.py, LAUNCH_LOCK). None: no lock.
     launch_lock: Path | None = None
-    # Lower concurrencies to measure on the same server once `load` succeeded, in order (the
-    # lower rungs of backends/base.py); the sweep stops at the first that does not succeed.
-    lower: tuple[LoadSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,20 +193,6 @@ class TrialOutcome:
     result: BenchResult | None
     reason: str | None
     wall_s: float
-    # One outcome per `TrialPlan.lower` load measured (fewer when one failed or `load` did).
-    lower: tuple[TrialOutcome, ...] = ()
-
-
-def _done(status: TrialStatus, result: BenchResult | None, reason: str | None) -> TrialOutcome:
-    return TrialOutcome(status, result, reason, 0.0)
-
-
-def _from_logs(
-    proc: ServerProcess, context: str, result: BenchResult | None = None
-) -> TrialOutcome:
-    """A failure, classified from the server's log (an OOM there makes it `oom`)."""
-    status, reason = classify_failure(proc.log_text(), context)
-    return _done(status, result, reason)
 
 
 async def _drive(
@@ -218,6 +200,14 @@ async def _drive(
 ) -> TrialOutcome:
     """The trial's outcome; its wall time is left to `run_trial`, which also counts teardown.
     `started` is called once the server is ready or has failed to become so."""
+
+    def done(status: TrialStatus, result: BenchResult | None, reason: str | None) -> TrialOutcome:
+        return TrialOutcome(status, result, reason, 0.0)
+
+    def from_logs(context: str, result: BenchResult | None = None) -> TrialOutcome:
+        status, reason = classify_failure(proc.log_text(), context)
+        return done(status, result, reason)
+
     on_phase("loading model")
     try:
         ready = await wait_ready(proc, plan.load.url, plan.load.model, plan.startup_timeout_s)
@@ -225,24 +215,11 @@ async def _drive(
         started()
     if ready == "exited":
         code = proc.popen.returncode
-        return _from_logs(proc, f"the server exited before it was ready (exit code {code})")
+        return from_logs(f"the server exited before it was ready (exit code {code})")
     if ready == "timeout":
-        return _from_logs(proc, f"the server was not ready after {plan.startup_timeout_s:g} s")
-    first = await _measure(plan.load, proc, on_phase)
-    lower: list[TrialOutcome] = []
-    if first.status == "ok":
-        for load in plan.lower:
-            lower.append(await _measure(load, proc, on_phase))
-            if lower[-1].status != "ok":
-                break
-    return replace(first, lower=tuple(lower))
-
-
-async def _measure(load: LoadSpec, proc: ServerProcess, on_phase: PhaseHook) -> TrialOutcome:
-    """Drive `load` at the ready server of `proc` and judge what came back."""
-    done, from_logs = _done, partial(_from_logs, proc)
+        return from_logs(f"the server was not ready after {plan.startup_timeout_s:g} s")
     try:  # in a process of its own: side-by-side trials do not share an interpreter lock
-        result = await run_load_isolated(load, on_phase=on_phase)
+        result = await run_load_isolated(plan.load, on_phase=on_phase)
     except ServerUnreachable as exc:
         return from_logs(str(exc))
     except Exception as exc:  # a trial fails with a reason; it never takes the tuner down

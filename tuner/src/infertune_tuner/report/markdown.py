@@ -28,8 +28,6 @@ def _row(t: Trial) -> str:
         reason = ("re-measured; " + reason).rstrip("; ")
     elif t.purpose == "cover":
         reason = ("covers its TP size / quantization; " + reason).rstrip("; ")
-    elif t.launch is not None:
-        reason = (f"on trial {t.launch}'s server; " + reason).rstrip("; ")
     return (
         f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} | {p95s} "
         f"| {reason} |"
@@ -63,13 +61,7 @@ def render_markdown(report: Report) -> str:
             else ""
         ),
         f"- Backend `{report.backend}`, sampler `{report.sampler}`: {report.executed_trials} trials "
-        "executed"
-        + (
-            f" (and {report.rung_measurements} lower max batches measured on their servers)"
-            if report.rung_measurements
-            else ""
-        )
-        + f" of a {report.space_size}-configuration space (budget {r.tuning.max_trials}"
+        f"executed of a {report.space_size}-configuration space (budget {r.tuning.max_trials}"
         + (
             f", confidence target {r.tuning.confidence_target:g})"
             if report.sampler == "auto"

@@ -253,7 +253,6 @@ PURPOSES = {
     "explore": "explore (the largest expected gain)",
     "cover": "cover (a TP size or quantization the model could be wrong about)",
     "confirm": "confirm (a finalist measured again)",
-    "rung": "rung (a lower max batch measured on an executed trial's server: no launch of its own)",
 }
 
 
@@ -266,16 +265,11 @@ def plan(report: Report) -> str:
     for t in executed:
         if t.purpose in counts:
             counts[t.purpose] += 1
-    out = ", ".join(f"{n} {k}{'s' * (k == 'rung' and n != 1)}" for k, n in counts.items() if n)
-    # Trials are counted as launches: a rung is measured in its launch's trial.
-    launches = [t.number for t in executed if t.launch is None]
+    out = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     if out and report.best is not None:
-        first = next((t for t in executed if t.config == report.best.config), None)
+        first = next((i for i, t in enumerate(executed, 1) if t.config == report.best.config), None)
         if first is not None:
-            number = first.launch if first.launch is not None else first.number
-            k = launches.index(number) + 1 if number in launches else None
-            if k is not None:
-                out += f"; the best first measured in trial {k} of {len(launches)}"
+            out += f"; the best first measured in trial {first} of {len(executed)}"
     return out
 
 

@@ -77,4 +77,4 @@ def believed(
                 reason=BELIEVED,
             )
         ]
-    return Known.build(request, runs, known.in_flight, known.covers, rungs=known.rungs)
+    return Known.build(request, runs, known.in_flight, known.covers)

@@ -5,7 +5,9 @@ measures a second time: the incumbent; every finalist within `improvement` of it
 margin is within run-to-run noise (`confirm_margin`); every measured rival the posterior still
 gives a real chance (>= `stop_probability`) of beating the incumbent. A contender whose two
 runs disagree on an SLO bound (one met it, one missed) is measured a third time: its typical run
-(evidence.combine) decides which side it is on.
+(evidence.combine) decides which side it is on. A measured rival the posterior holds more likely
+than not to beat the incumbent (`tie_doubt`) is in doubt: its runs and the incumbent's disagree
+with what their neighbours say, so both are measured until each has `tie_repeats` runs.
 """
 
 from __future__ import annotations
@@ -60,11 +62,8 @@ def confirmations(
     out += [c for c in straddling(request, known, best_tps, settings) if c not in out]
     if doubted:
         for cfg in [best, *sorted(doubted)]:
-            if (
-                cfg not in out
-                and cfg not in known.in_flight
-                and (known.repeats(cfg) < settings.tie_repeats)
-            ):
+            repeat = known.repeats(cfg) < settings.tie_repeats
+            if repeat and cfg not in out and cfg not in known.in_flight:
                 out.append(cfg)
     return out
 

@@ -31,13 +31,16 @@ import queue
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from infertune_tuner.backends.base import BenchmarkBackend, Rung, Sweep, Sweeps
+from infertune_tuner import slo
+from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import TuningRequest
@@ -46,23 +49,23 @@ from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.plausibility import judged
 from infertune_tuner.search.records import (
+    ATTR_CHECKS,
     ATTR_CONFIG,
+    ATTR_CONSTRAINTS,
     ATTR_MEASUREMENT,
     ATTR_PURPOSE,
     ATTR_RUN,
-    ATTR_RUNGS,
     ATTR_SKIP,
-    add_rung,
     config_of,
     known_from,
-    measured_attrs,
+    measurement_to_attr,
 )
 from infertune_tuner.search.samplers import (
     Admissible,
     AutoSampler,
     BudgetCallback,
     SkipRuledOut,
-    distributions,
+    make_base_sampler,
     stop,
     stopped,
 )
@@ -97,6 +100,15 @@ def study_name(request: TuningRequest, backend: str) -> str:
     return f"infertune-{request.name}-{digest}"
 
 
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+    return {
+        "tp": CategoricalDistribution(list(space.tensor_parallel)),
+        "max_batch_size": CategoricalDistribution(list(space.max_batch_size)),
+        "quantization": CategoricalDistribution(list(space.quantization)),
+        "kv_cache_dtype": CategoricalDistribution(list(space.kv_cache_dtype)),
+    }
+
+
 # ------------------------------------------------------------------ the search
 
 
@@ -109,6 +121,26 @@ class SearchOutcome:
 
 
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
+
+
+def make_sampler(
+    request: TuningRequest, space: SearchSpace, planner: Planner, *, scope: str | None, seed: int
+) -> BaseSampler:
+    """The study's sampler for `request.tuning.sampler`: `auto`, or Optuna's own wrapped so
+    that it proposes candidates only. It is handed to `optuna.create_study`.
+
+    Args:
+        request: The tuning request.
+        space: Its search space.
+        planner: The search core for it.
+        scope: The run whose `error` trials count (None: every worker's, on a shared study).
+        seed: The sampler's seed.
+    """
+    dists = distributions(space)
+    if request.tuning.sampler == "auto":
+        return AutoSampler(planner, dists, budget=request.tuning.max_trials, scope=scope, seed=seed)
+    base = make_base_sampler(request.tuning.sampler, dists, seed)
+    return SkipRuledOut(base, Admissible(planner, scope), dists, seed=seed)
 
 
 class Search:
@@ -195,11 +227,13 @@ class Search:
         raise optuna.TrialPruned(str(why))
 
     def _record(self, trial: optuna.Trial, m: Measurement) -> list[SloCheck]:
-        checks, attrs, constraints = measured_attrs(self.request, m)
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        for name, value in constraints.items():
-            trial.set_constraint(name, value)
+        checks = slo.check(self.request, m)
+        trial.set_user_attr(ATTR_MEASUREMENT, measurement_to_attr(m))
+        trial.set_user_attr(ATTR_CHECKS, [c.model_dump() for c in checks])
+        values = slo.constraint_values(checks)
+        trial.set_user_attr(ATTR_CONSTRAINTS, values)
+        for c, v in zip(checks, values, strict=True):
+            trial.set_constraint(f"{c.metric}/{c.percentile}", v)
         return checks
 
     def _suggest(self, trial: optuna.Trial) -> TrialConfig:
@@ -243,10 +277,6 @@ class Search:
         trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
         trial.set_user_attr(ATTR_RUN, self.run_id)
         trial.set_user_attr(ATTR_PURPOSE, purpose)
-        if ATTR_RUNGS not in trial.user_attrs:  # a retried trial keeps the rungs it claimed
-            # Claimed with the trial: no other worker measures them meanwhile (records.claimed).
-            rungs = self.planner.rungs(cfg, known) if self.planner.sweeps else []
-            trial.set_user_attr(ATTR_RUNGS, [[r.batch, r.repeat] for r in rungs])
         if (pred := self.priors.get(cfg)) is not None:
             trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
         return cfg, purpose
@@ -278,59 +308,33 @@ class Search:
         def objective(trial: optuna.Trial) -> float:
             cfg = self._claim(trial)
             repeat = self.known(self.study).repeats(cfg)  # runs of it the study holds already
-            rungs = [Rung(b, r) for b, r in trial.user_attrs.get(ATTR_RUNGS, [])]
             backend = backends.get()
             try:
-                if isinstance(backend, Sweeps):
-                    swept = backend.sweep(cfg, repeat=repeat, lower=rungs)
-                else:
-                    swept = Sweep(backend.run(cfg, repeat=repeat))
+                m = backend.run(cfg, repeat=repeat)
             except Exception as exc:  # a backend bug must not lose the study
                 log.exception("trial %s crashed", cfg.label())
-                swept = Sweep(Measurement.failed("error", f"backend crashed: {exc!r}"))
+                m = Measurement.failed("error", f"backend crashed: {exc!r}")
             finally:
                 backends.put(backend)
-            m = self._judged(swept.first, cfg, backend.speedup)
+            s = self.planner.settings
+            m = judged(m, cfg, model=self.request.resolve_model(), gpu=self.request.resolve_gpu(),
+                       output_tokens=self.request.workload.output_tokens,
+                       margin=s.plausible_margin, short_output=s.short_output,
+                       speedup=backend.speedup)  # fmt: skip
             checks = self._record(trial, m)
-            self._told(cfg, m, checks, {cfg})
-            for b, lm in swept.lower.items():
-                self._record_rung(trial.number, replace(cfg, max_batch_size=b),
-                                  self._judged(lm, replace(cfg, max_batch_size=b), backend.speedup))  # fmt: skip
+            if self.on_trial is not None:
+                known = self.known(self.study)
+                known = Known.build(
+                    self.request,
+                    {**known.runs, cfg: [*known.runs.get(cfg, []), m]},
+                    known.in_flight - {cfg},
+                )
+                self.on_trial(cfg, m, checks, known)
             if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
                 return m.output_tokens_per_s_per_gpu
             raise TrialFailed(m.reason or m.status)
 
         return objective
-
-    def _judged(self, m: Measurement, cfg: TrialConfig, speedup: float) -> Measurement:
-        s = self.planner.settings
-        return judged(m, cfg, model=self.request.resolve_model(), gpu=self.request.resolve_gpu(),
-                      output_tokens=self.request.workload.output_tokens,
-                      margin=s.plausible_margin, short_output=s.short_output,
-                      speedup=speedup)  # fmt: skip
-
-    def _told(
-        self, cfg: TrialConfig, m: Measurement, checks: list[SloCheck], done: set[TrialConfig]
-    ) -> None:
-        """Tell `on_trial` of `cfg`'s measurement `m` (not yet in the study when `cfg` is the
-        running trial's own configuration, `done`)."""
-        if self.on_trial is None:
-            return
-        known = self.known(self.study)
-        if cfg in done:
-            known = Known.build(
-                self.request,
-                {**known.runs, cfg: [*known.runs.get(cfg, []), m]},
-                known.in_flight - {cfg},
-                known.covers,
-                rungs=known.rungs,
-            )
-        self.on_trial(cfg, m, checks, known)
-
-    def _record_rung(self, launch: int, cfg: TrialConfig, m: Measurement) -> None:
-        checks = add_rung(self.study, self.request, self.dists, cfg, m, run=self.run_id,
-                          launch=launch)  # fmt: skip
-        self._told(cfg, m, checks, set())
 
     def _abort_on_errors(self, study: Study, trial: FrozenTrial) -> None:
         statuses = [m.status for m in self.known(study).measured.values()]

@@ -75,7 +75,6 @@ class Known:
     checks: dict[TrialConfig, list[SloCheck]] = field(default_factory=dict)
     in_flight: set[TrialConfig] = field(default_factory=set)
     covers: list[TrialConfig] = field(default_factory=list)  # measured to cover a structure
-    rungs: int = 0  # of the runs, measured on another trial's server (records.RUNG)
 
     @classmethod
     def build(
@@ -84,12 +83,8 @@ class Known:
         runs: dict[TrialConfig, list[Measurement]],
         in_flight: set[TrialConfig] | None = None,
         covers: list[TrialConfig] | None = None,
-        *,
-        rungs: int = 0,
     ) -> Known:
-        known = cls(
-            runs=runs, in_flight=set(in_flight or ()), covers=list(covers or ()), rungs=rungs
-        )
+        known = cls(runs=runs, in_flight=set(in_flight or ()), covers=list(covers or ()))
         for cfg, ms in runs.items():
             typical = combine(ms)
             known.measured[cfg] = typical
@@ -98,9 +93,8 @@ class Known:
 
     @property
     def executed(self) -> int:
-        """Executed trials (server launches), repeats included; a rung measured on a trial's
-        server is a measurement, not a trial."""
-        return sum(len(ms) for ms in self.runs.values()) - self.rungs
+        """Executed trials, repeats included."""
+        return sum(len(ms) for ms in self.runs.values())
 
     def repeats(self, cfg: TrialConfig) -> int:
         return len(self.runs.get(cfg, ()))

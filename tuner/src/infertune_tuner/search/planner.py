@@ -32,7 +32,6 @@ from typing import Literal
 
 import numpy as np
 
-from infertune_tuner.backends.base import Rung
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
@@ -45,7 +44,6 @@ from infertune_tuner.search.joint import Posterior, log_bound
 from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
 from infertune_tuner.search.plausibility import decode_bound
 from infertune_tuner.search.residuals import bound_key, predicted, residuals, tie
-from infertune_tuner.search.rungs import ladder, launch_gain, worth_measuring
 from infertune_tuner.search.settings import SearchSettings, stop_probability_for
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import StopKind, StopReason
@@ -104,7 +102,6 @@ class Planner:
         *,
         seed: int = 0,
         settings: SearchSettings | None = None,
-        sweeps: bool = False,
     ) -> None:
         self.request = request
         self.priors = priors
@@ -118,9 +115,6 @@ class Planner:
         self.margin = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
         self.universe = [c for c in space.configs if not ruled_out(self.margin[c])]
         self.keys = [bound_key(b) for b in request.slo]
-        self._batches = sorted({c.max_batch_size for c in space.configs})
-        # Whether a launch also measures lower rungs (the backends sweep: backends/base.py).
-        self.sweeps = sweeps
 
     # -- the posterior
 
@@ -179,14 +173,6 @@ class Planner:
             memory_reason=self.priors[cfg].memory.reason,
             dominance_margin=self.settings.dominance_margin,
         )  # fmt: skip
-
-    def rungs(self, cfg: TrialConfig, known: Known) -> list[Rung]:
-        """The lower max batches a launch of `cfg` measures after `cfg` itself (rungs.py)."""
-        worth = worth_measuring(
-            known, self.settings, lambda c: c in self.priors and self.ruling(c, known) is None
-        )
-        lower = ladder(cfg, self._batches, self.settings, worth)
-        return [Rung(c.max_batch_size, known.repeats(c)) for c in lower]
 
     def admissible(self, known: Known) -> set[TrialConfig]:
         """What a wrapped Optuna sampler may propose: every configuration of the space that is
@@ -359,11 +345,7 @@ class Planner:
             # search after configurations that beat noise. Its second run comes first.
             return Decision(a.best, "confirm", confidence=conf)
         if explore:
-            # The launch with the largest expected gain (without rungs: the candidate's own).
-            gain = a.gain[:n_cands]
-            if self.sweeps:
-                gain = launch_gain(a.candidates, gain, self._batches, st)
-            i = int(np.argmax(gain))
+            i = int(np.argmax(a.gain[:n_cands]))
             return Decision(a.candidates[i], "explore", confidence=conf)
         if (holes := self.gaps(known, a)) and (remaining is None or remaining > 1):
             return Decision(holes[0].target, "cover", confidence=conf)

@@ -8,15 +8,12 @@ configuration recorded, or WAITING to be re-run after its worker died.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from optuna.distributions import BaseDistribution
 from optuna.study import Study
-from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
-from optuna.trial import FrozenTrial, TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState
 
-from infertune_tuner import slo
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS
@@ -32,11 +29,6 @@ ATTR_CONSTRAINTS = "constraints"
 ATTR_SKIP = "skipped"
 ATTR_RUN = "run"
 ATTR_PURPOSE = "purpose"
-ATTR_LAUNCH = "launch"  # a rung's: the trial whose server measured it
-ATTR_RUNGS = "rungs"  # a launch's: [batch, repeat] of each lower rung it measures (claimed)
-# The purpose of a measurement taken on another trial's server at a lower max batch
-# (backends/base.py): no launch of its own, so no trial of the budget.
-RUNG = "rung"
 CLAIMED = (TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -66,57 +58,6 @@ def measurement_to_attr(m: Measurement) -> dict[str, Any]:
     }
 
 
-def measured_attrs(
-    request: TuningRequest, m: Measurement
-) -> tuple[list[SloCheck], dict[str, Any], dict[str, float]]:
-    """What a measured trial records: its SLO checks, its user attributes (the measurement,
-    the checks, the constraint values) and its Optuna constraints by name (<= 0: bound met)."""
-    checks = slo.check(request, m)
-    values = slo.constraint_values(checks)
-    attrs = {
-        ATTR_MEASUREMENT: measurement_to_attr(m),
-        ATTR_CHECKS: [c.model_dump() for c in checks],
-        ATTR_CONSTRAINTS: values,
-    }
-    named = {f"{c.metric}/{c.percentile}": v for c, v in zip(checks, values, strict=True)}
-    return checks, attrs, named
-
-
-def add_rung(
-    study: Study,
-    request: TuningRequest,
-    distributions: dict[str, BaseDistribution],
-    cfg: TrialConfig,
-    m: Measurement,
-    *,
-    run: str,
-    launch: int,
-) -> list[SloCheck]:
-    """Add a rung's measurement to the study as a finished trial of its own, so every reader
-    of the study sees a measurement of `cfg`, marked as measured on trial `launch`'s server, so
-    no budget counts it. Returns its SLO checks."""
-    checks, attrs, named = measured_attrs(request, m)
-    ok = m.status == "ok" and m.output_tokens_per_s_per_gpu is not None
-    study.add_trial(
-        create_trial(
-            params=cfg.as_dict(),
-            distributions=distributions,
-            value=m.output_tokens_per_s_per_gpu if ok else None,
-            state=TrialState.COMPLETE if ok else TrialState.FAIL,
-            # Where Trial.set_constraint keeps each bound (TPE reads the constraints there).
-            system_attrs={f"{_CONSTRAINTS_KEY}:{k}": v for k, v in named.items()},
-            user_attrs={
-                **attrs,
-                ATTR_CONFIG: cfg.as_dict(),
-                ATTR_RUN: run,
-                ATTR_PURPOSE: RUNG,
-                ATTR_LAUNCH: launch,
-            },
-        )
-    )
-    return checks
-
-
 def measurement_from_attr(d: dict[str, Any]) -> Measurement:
     def pct(v: dict[str, float] | None) -> Percentiles | None:
         return Percentiles(v["p50"], v["p95"], v["p99"]) if v else None
@@ -142,11 +83,6 @@ class ExecutedTrial:
     checks: list[SloCheck]
     run: str | None = None
     purpose: str = "explore"
-    launch: int | None = None  # a rung's: the trial whose server measured it
-
-    @property
-    def is_rung(self) -> bool:
-        return self.purpose == RUNG
 
 
 def _executed(t: FrozenTrial) -> ExecutedTrial | None:
@@ -159,7 +95,6 @@ def _executed(t: FrozenTrial) -> ExecutedTrial | None:
         [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
         t.user_attrs.get(ATTR_RUN),
         t.user_attrs.get(ATTR_PURPOSE, "explore"),
-        t.user_attrs.get(ATTR_LAUNCH),
     )
 
 
@@ -211,10 +146,7 @@ def claimed(
         if t.state not in CLAIMED or t.number == exclude:
             continue
         if ATTR_CONFIG in t.user_attrs:
-            cfg = config_of(t.user_attrs[ATTR_CONFIG])
-            out.add(cfg)
-            # The rungs its server will be measured at are in flight with it.
-            out |= {replace(cfg, max_batch_size=b) for b, _ in t.user_attrs.get(ATTR_RUNGS, [])}
+            out.add(config_of(t.user_attrs[ATTR_CONFIG]))
         elif t.number in decided:
             out.add(decided[t.number])
     return out
@@ -239,14 +171,12 @@ def known_from(
     trials = study.get_trials(deepcopy=False)  # one read of the storage
     runs: dict[TrialConfig, list[Measurement]] = {}
     covers = []
-    rungs = 0
     for e in current_trials(study, run, extra, trials):
         runs.setdefault(e.config, []).append(e.measurement)
         if e.purpose == "cover":
             covers.append(e.config)
-        rungs += e.is_rung
     exclude = extra.number if extra else None
-    return Known.build(request, runs, claimed(trials, exclude, decided), covers, rungs=rungs)
+    return Known.build(request, runs, claimed(trials, exclude, decided), covers)
 
 
 def deciding(trials: list[FrozenTrial], exclude: int | None = None) -> bool:

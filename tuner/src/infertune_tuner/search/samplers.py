@@ -35,11 +35,9 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from infertune_tuner.config import CONFIG_KEYS, TrialConfig
-from infertune_tuner.request import TuningRequest
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Decision, Planner
 from infertune_tuner.search.records import config_of, deciding, known_from
-from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import STOP_ATTR, StopReason, budget
 
 
@@ -277,33 +275,3 @@ def make_base_sampler(
         }
         return optuna.samplers.GridSampler(grid, seed=seed)
     return optuna.samplers.RandomSampler(seed=seed)
-
-
-def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
-    """The study's parameters: one categorical per dimension of the space."""
-    return {
-        "tp": CategoricalDistribution(list(space.tensor_parallel)),
-        "max_batch_size": CategoricalDistribution(list(space.max_batch_size)),
-        "quantization": CategoricalDistribution(list(space.quantization)),
-        "kv_cache_dtype": CategoricalDistribution(list(space.kv_cache_dtype)),
-    }
-
-
-def make_sampler(
-    request: TuningRequest, space: SearchSpace, planner: Planner, *, scope: str | None, seed: int
-) -> BaseSampler:
-    """The study's sampler for `request.tuning.sampler`: `auto`, or Optuna's own wrapped so
-    that it proposes candidates only. It is handed to `optuna.create_study`.
-
-    Args:
-        request: The tuning request.
-        space: Its search space.
-        planner: The search core for it.
-        scope: The run whose `error` trials count (None: every worker's, on a shared study).
-        seed: The sampler's seed.
-    """
-    dists = distributions(space)
-    if request.tuning.sampler == "auto":
-        return AutoSampler(planner, dists, budget=request.tuning.max_trials, scope=scope, seed=seed)
-    base = make_base_sampler(request.tuning.sampler, dists, seed)
-    return SkipRuledOut(base, Admissible(planner, scope), dists, seed=seed)

@@ -38,14 +38,6 @@ class SearchSettings:
     # Once this many trials ran, a new incumbent is measured a second time before exploration goes
     # on (0: only when the search is about to stop).
     confirm_incumbent_after: int = 4
-    # A trial's server is measured at up to this many lower max batches of its configuration
-    # (the next rungs down, unmeasured candidates only, none below `rung_floor` x its batch)
-    # before it is torn down: one launch, several measurements (backends/base.py says why a
-    # lower concurrency on the launched engine is that max batch). Measured by
-    # benchmarks/tuner_efficiency.py (docs/tuning.md, "Rungs"): 0 rungs leave the slowest
-    # families at a median of 11.5-13.5 launches.
-    rungs: int = 3
-    rung_floor: float = 0.25
     # A candidate is worth a trial when its expected gain over the incumbent is at least this
     # share of the incumbent's tok/s/GPU.
     min_expected_gain: float = 0.0
@@ -57,10 +49,12 @@ class SearchSettings:
     confirm_margin: float = 0.05
     # A measured rival the posterior gives at least this chance of beating the incumbent is more
     # likely than not the better one: the incumbent won on its runs' noise or the rival lost on
-    # its own. Both are measured until each has `tie_repeats` runs (confirm.py). Without it the
-    # noisy family's misses ship 93-97 % of the optimum after two runs each (a lower batch at
-    # +6 % and +10 % on its two runs beating the optimum at -1 % and -2 %); with it 97 % of
-    # noisy runs reach the optimum (benchmarks/tuner_efficiency.py, docs/tuning.md).
+    # its own (the posterior's smooth shape across neighbours disagrees with their runs' order).
+    # Both are measured until each has `tie_repeats` runs (confirm.py). Without it the noisy
+    # family's misses shipped 91-97 % of the optimum after two runs each, at 0-67 % confidence
+    # (one: a batch measured +6 % and +10 % over its truth beating the optimum at -1 % and -2 %);
+    # with it 97 % of noisy runs reach the optimum (95 % before) at the same median and p90
+    # trials everywhere (benchmarks/tuner_efficiency.py, docs/tuning.md).
     tie_doubt: float = 0.5
     tie_repeats: int = 3
     # Joint posterior draws per decision: P(some candidate beats the best) at 5 % has a Monte

@@ -9,11 +9,9 @@ score a search against the true optimum.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 
 import numpy as np
 
-from infertune_tuner.backends.base import Rung, Sweep, sweep_each
 from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.backends.worlds import physics
 from infertune_tuner.backends.worlds.closed_loop import run_loop
@@ -76,9 +74,6 @@ class WorldBackend:
             return self._own.measure(config, repeat=repeat)
         rng = _rng(self.family, self._gpu.key, self._seed, config.label(), repeat)
         return self._measure(config, rng, noisy=True, requests=None)
-
-    def sweep(self, config: TrialConfig, *, repeat: int = 0, lower: Sequence[Rung] = ()) -> Sweep:
-        return sweep_each(self, config, repeat, lower)
 
     def truth(self, config: TrialConfig) -> Measurement:
         """What `config` really does on this pool: no run noise, a large sample."""
