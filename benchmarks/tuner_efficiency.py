@@ -23,8 +23,10 @@ more than their zone, and a run *reaches* it when the chosen configuration truly
 within its zone and its true tok/s/GPU is >= 98 % of that optimum. The strict score (optimum =
 best configuration meeting every bound by any margin, the dev set's `index.json`; chosen must
 truly meet every bound within 2 %) is printed beside it. Prints, per sampler and per family:
-share of runs reaching it, median and p90 executed trials (confirmations included), executed
-configurations the memory model rules out by a wide margin, and for `auto` how well its stated
+share of runs reaching it, median and p90 executed trials (confirmations included), the median
+trial that first measured the optimum, the median run's modelled GPU minutes (what the trials
+cost on the simulated pool's clock, `gpu_minutes`), executed configurations the memory model
+rules out by a wide margin, and for `auto` how well its stated
 confidence is calibrated (of the runs that stopped claiming >= 95 %, the share that reached the
 optimum, and that reached it strictly).
 
