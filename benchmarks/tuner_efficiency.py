@@ -65,7 +65,7 @@ from typing import Any
 
 from worldset import ALL_FAMILIES, FIT_FAMILIES, Truth, World, truth_of, worlds, write_csv
 
-from infertune_tuner.backends.simulated import LOAD_GIB_PER_S, SERVER_START_S, WARMUP_SHARE
+from infertune_tuner.backends.simulated import pool_seconds
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.result import Report
@@ -132,10 +132,8 @@ def gpu_minutes(report: Report, priors: dict[TrialConfig, Prediction]) -> float:
     for t in report.trials:
         if t.executed:
             cfg = t.config.to_config()
-            seconds += (
-                SERVER_START_S + priors[cfg].memory.weights_gib_per_gpu * cfg.tp / LOAD_GIB_PER_S
-            )
-            seconds += (t.duration_s or 0.0) * (1 + WARMUP_SHARE)
+            weights = priors[cfg].memory.weights_gib_per_gpu * cfg.tp
+            seconds += pool_seconds(weights, t.duration_s or 0.0)
     return seconds / 60
 
 

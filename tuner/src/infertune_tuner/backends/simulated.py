@@ -43,8 +43,13 @@ WARMUP_SHARE = 0.25  # the warm-up before the measured requests
 
 def trial_seconds(weights_gib: float, m: Measurement) -> float:
     """How long a trial takes on real GPUs: start + load (+ warm-up and measurement when ok)."""
-    load = SERVER_START_S + weights_gib / LOAD_GIB_PER_S
-    return load + (m.duration_s * (1 + WARMUP_SHARE) if m.status == "ok" else 0.0)
+    return pool_seconds(weights_gib, m.duration_s if m.status == "ok" else 0.0)
+
+
+def pool_seconds(weights_gib: float, measured_s: float) -> float:
+    """A trial's time on this pool's clock: the server start, the load of `weights_gib`, and
+    `measured_s` of measured requests with their warm-up."""
+    return SERVER_START_S + weights_gib / LOAD_GIB_PER_S + measured_s * (1 + WARMUP_SHARE)
 
 
 def time_scale_from_env() -> float:

@@ -62,8 +62,8 @@ def confirmations(
     out += [c for c in straddling(request, known, best_tps, settings) if c not in out]
     if doubted:
         for cfg in [best, *sorted(doubted)]:
-            repeat = known.repeats(cfg) < settings.tie_repeats
-            if repeat and cfg not in out and cfg not in known.in_flight:
+            short = known.repeats(cfg) < settings.tie_repeats
+            if short and cfg not in out and cfg not in known.in_flight:
                 out.append(cfg)
     return out
 
