@@ -29,7 +29,7 @@ model predicts the most tok/s/GPU for. The structure is covered when the target 
 a configuration of the structure within a factor 2 of the target's batch was measured (validly)
 and either met every SLO bound or ran a batch no larger than the target's: a larger neighbour
 that missed says where the structure stops working, not how well it works below that. A
-structure gets at most `MAX_COVERS` coverage measurements, so each costs a trial or two.
+structure gets at most `max_covers` coverage measurements (SearchSettings).
 """
 
 from __future__ import annotations
@@ -52,9 +52,6 @@ Dimension = Literal["tp", "quantization"]
 # optimum (development world synthetic-04: 3 of 5 seeds shipped 90 % of it at 97-99 %
 # confidence).
 NEAR_LOG = math.log(2.0)
-# Coverage measurements per structure, at most: the first shows how the structure does near its
-# predicted best, a second where the first missed the SLO; below that the posterior decides.
-MAX_COVERS = 2
 
 
 @dataclass(frozen=True, order=True)
@@ -137,13 +134,14 @@ def could_win(cfg: TrialConfig, data: CoverageInput, floor: float, improvement: 
     return True
 
 
-def gaps(data: CoverageInput, *, floor: float, improvement: float) -> list[Gap]:
+def gaps(data: CoverageInput, *, floor: float, improvement: float, max_covers: int) -> list[Gap]:
     """Every structure that could hold the optimum and is not covered, with its target.
 
     Args:
         data: The run's evidence and candidates.
         floor: The least model error to allow (log scale).
         improvement: The gain over the incumbent that counts (0.02: 2 %).
+        max_covers: Coverage measurements per structure, at most.
 
     Returns:
         The gaps, the most promising target first.
@@ -157,7 +155,7 @@ def gaps(data: CoverageInput, *, floor: float, improvement: float) -> list[Gap]:
     for s in structures:
         if len({t.value for t in structures if t.dimension == s.dimension}) < 2:
             continue  # the only TP (quantization) of the space: nothing to compare it with
-        if sum(1 for c in data.covers if s.holds(c)) >= MAX_COVERS:
+        if sum(1 for c in data.covers if s.holds(c)) >= max_covers:
             continue  # covered as far as the rule goes: the posterior judges the rest
         contenders = [
             c for c in data.candidates if s.holds(c) and could_win(c, data, floor, improvement)

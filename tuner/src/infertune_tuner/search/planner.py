@@ -144,7 +144,10 @@ class Planner:
             decode_bound=lambda c: decode_bound(model, gpu, c),
             covers=known.covers,
         )
-        return gaps(data, floor=self.settings.coverage_floor, improvement=self.settings.improvement)
+        st = self.settings
+        return gaps(
+            data, floor=st.coverage_floor, improvement=st.improvement, max_covers=st.max_covers
+        )
 
     def believe(self, known: Known) -> Known:
         """`known`, with each configuration in flight believed measured at its posterior mean
