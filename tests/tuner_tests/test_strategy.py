@@ -154,12 +154,6 @@ def test_measured_neighbours_rule_configurations_out() -> None:
     assert _why(TrialConfig(2, 128, "fp8", "auto"), near) is None
 
 
-def _ok(tps: float) -> Measurement:
-    return Measurement.ok(
-        {"e2e_ms": Percentiles(1000.0, 1100.0, 1200.0)}, output_tokens_per_s_per_gpu=tps
-    )
-
-
 def test_a_rival_the_posterior_prefers_is_measured_with_the_incumbent_until_three_runs_each() -> (
     None
 ):
@@ -169,11 +163,11 @@ def test_a_rival_the_posterior_prefers_is_measured_with_the_incumbent_until_thre
     req = request(e2e_p95=10_000_000)
     best, rival = TrialConfig(4, 192, "fp8", "fp8"), TrialConfig(4, 256, "fp8", "fp8")
     s = SearchSettings()
-    two = Known.build(req, {best: [_ok(1010.0)] * 2, rival: [_ok(1000.0)] * 2})
+    two = Known.build(req, {best: [_e2e(1100.0, 1010.0)] * 2, rival: [_e2e(1100.0, 1000.0)] * 2})
     assert confirmations(req, two, best, {rival}, s) == []  # no doubt: two runs each suffice
     assert confirmations(req, two, best, {rival}, s, doubted={rival}) == [best, rival]
     # A third run each settles it; one already in flight is measured there.
-    three = Known.build(req, {best: [_ok(1010.0)] * 3, rival: [_ok(1000.0)] * 3})
+    three = Known.build(req, {best: [_e2e(1100.0, 1010.0)] * 3, rival: [_e2e(1100.0, 1000.0)] * 3})
     assert confirmations(req, three, best, {rival}, s, doubted={rival}) == []
     flying = Known.build(req, two.runs, {rival})
     assert confirmations(req, flying, best, {rival}, s, doubted={rival}) == [best]
