@@ -134,9 +134,9 @@ def test_the_last_trial_of_the_budget_goes_to_confirming_the_winner() -> None:
     planner = _planner(req)
     c = TrialConfig(2, 64, "fp8", "auto")
     known = Known.build(req, {c: [_e2e(20000, 700)]})
-    assert planner.decide(known, remaining=1) == Decision(
-        c, "confirm", confidence=planner.decide(known, remaining=1).confidence
-    )
+    last = planner.decide(known, remaining=1)
+    assert (last.config, last.purpose) == (c, "confirm")
+    assert last.chances is not None and last.chances.to_beat_tps == pytest.approx(700 * 1.02)
     assert planner.decide(known, remaining=10).purpose == "explore"
 
 

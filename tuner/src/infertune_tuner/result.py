@@ -105,6 +105,21 @@ class SloCheck(Record):
     ok: bool
 
 
+class Chances(Record):
+    """What the search believed of a configuration when it chose to measure it: its posterior
+    given the trials before (search/planner.py). The report sets them beside what the trial
+    measured; benchmarks/tuner_efficiency.py checks over many runs that they come true as often
+    as stated (a confidence worth printing rests on chances that do)."""
+
+    p_success: float  # P(it fits and meets every SLO bound)
+    p_beat: float  # P(it also beats `to_beat_tps`)
+    # The best tok/s/GPU measured so far times 1 + the improvement the search asks for
+    # (0: nothing had met the SLO yet, and any success counts).
+    to_beat_tps: float
+    estimate_tps: float  # the posterior's estimate of its tok/s/GPU (median)
+    confidence: float | None = None  # the run's confidence the optimum was found, before it
+
+
 class Trial(Record):
     number: int
     config: ConfigOut
@@ -118,6 +133,7 @@ class Trial(Record):
     duration_s: float | None = None
     # probe | explore | cover | confirm (report/view.py PURPOSES says what each means)
     purpose: str | None = None
+    chances: Chances | None = None  # None: not chosen by `auto` (another sampler, a retry)
 
 
 class MeasuredConfig(Record):

@@ -42,6 +42,7 @@ from infertune_tuner.search.records import (
     ATTR_MEASUREMENT,
     ATTR_PURPOSE,
     ExecutedTrial,
+    chances_of,
     config_of,
     current_trials,
     known_from,
@@ -121,6 +122,7 @@ def interrupted_trials(
                 reason=f"interrupted{_after(t)} before it measured anything; {retried}",
                 duration_s=_duration(t),
                 purpose=t.user_attrs.get(ATTR_PURPOSE),
+                chances=chances_of(t),
             )
         )
     return out
@@ -208,6 +210,7 @@ def build_report(
                 slo_checks=e.checks,
                 duration_s=round(e.measurement.duration_s, 3) or None,
                 purpose=e.purpose,
+                chances=e.chances,
             )
         )
     trials = sorted(trials + interrupted_trials(study, priors, trials), key=lambda t: t.number)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infertune_tuner.metrics import LATENCY_METRICS
-from infertune_tuner.report.view import build_view, error_pct
+from infertune_tuner.report.view import build_view, chances_cell, error_pct
 from infertune_tuner.result import Metrics, Report, Trial
 
 
@@ -29,8 +29,8 @@ def _row(t: Trial) -> str:
     elif t.purpose == "cover":
         reason = ("covers its TP size / quantization; " + reason).rstrip("; ")
     return (
-        f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} | {p95s} "
-        f"| {reason} |"
+        f"| {t.number} | {_cfg(t)} | {t.state} | {slo} | {tps} | {ptps} | {err} "
+        f"| {chances_cell(t)} | {p95s} | {reason} |"
     )
 
 
@@ -69,6 +69,7 @@ def render_markdown(report: Report) -> str:
         ),
         f"- Prior: performance model with the `{report.prior_stack}` stack factors",
         *([f"- Trials by purpose: {v.plan}"] if v.plan else []),
+        *([f"- Chances as the search saw them: {v.track}"] if v.track else []),
         f"- Stopped: {report.stopped_reason}",
         *([f"- {v.confidence}"] if v.confidence else []),
         *(
@@ -129,13 +130,15 @@ def render_markdown(report: Report) -> str:
     lines += [
         "## Executed trials",
         "",
-        "Latencies are p95 of the measured run; 'pred' is the performance model's prior. "
+        "Latencies are p95 of the measured run; 'pred' is the performance model's prior; "
+        "'chances' is what the search gave the configuration when it chose it, given the "
+        "trials before: P(meets the SLO) / P(beats the best by more than 2 %). "
         f"SLO: {', '.join(b.label() for b in r.slo)}.",
         "",
-        "| # | config | state | SLO | tok/s/GPU | pred | pred err | "
+        "| # | config | state | SLO | tok/s/GPU | pred | pred err | chances | "
         + "".join(f"{x.label} p95 | " for x in LATENCY_METRICS)
         + "note |",
-        "|---|---|---|---|---|---|---|" + "---|" * (len(LATENCY_METRICS) + 1),
+        "|---|---|---|---|---|---|---|---|" + "---|" * (len(LATENCY_METRICS) + 1),
         *[_row(t) for t in executed],
         "",
     ]

@@ -72,6 +72,7 @@ class View:
     ruled_out: list[Trial]  # configurations ruled out without GPU time
     confidence: str | None  # the confidence line, with why it differs from the stop rule
     plan: str  # why the executed trials ran, e.g. "6 explore, 2 cover, 2 confirm"
+    track: str | None  # how often the chances the search acted on came true (track_record)
 
 
 def _config(c: ConfigOut) -> str:
@@ -273,6 +274,41 @@ def plan(report: Report) -> str:
     return out
 
 
+def chances_cell(t: Trial) -> str:
+    """What the search gave a trial when it chose it: "P(meets SLO) / P(beats the best)"."""
+    c = t.chances
+    return "" if c is None else f"{c.p_success:.0%} / {c.p_beat:.0%}"
+
+
+def track_record(report: Report) -> str | None:
+    """How often the chances the search acted on came true in this run.
+
+    Over the trials it chose to explore, cover or probe (a confirmation re-measures what is
+    known), the sum of their chances is the number it expected to meet the SLO and to beat the
+    best of their time; beside it, how many did on their own run. A model that is surprised by
+    the pool shows here first: far fewer (or more) than expected. Out-of-memory runs count as
+    misses (a chance includes fitting); invalid and failed runs count for nothing."""
+    chosen = [
+        t for t in report.trials
+        if t.executed and t.chances is not None and t.purpose != "confirm"
+        and t.state in ("complete", "oom")
+    ]  # fmt: skip
+    if not chosen:
+        return None
+    met = [t for t in chosen if t.state == "complete" and t.slo_ok is not False]
+    beat = [
+        t for t in met
+        if t.metrics and t.chances and t.metrics.output_tokens_per_s_per_gpu > t.chances.to_beat_tps
+    ]  # fmt: skip
+    p_met = sum(t.chances.p_success for t in chosen if t.chances)
+    p_beat = sum(t.chances.p_beat for t in chosen if t.chances)
+    return (
+        f"of the {len(chosen)} trials chosen to explore, cover or probe, the search expected "
+        f"{p_met:.1f} to meet the SLO ({len(met)} did) and {p_beat:.1f} to beat the best of "
+        f"their time by more than 2 % ({len(beat)} did)"
+    )
+
+
 def build_view(report: Report) -> View:
     request = report.parsed_request()
     plots = []
@@ -288,6 +324,7 @@ def build_view(report: Report) -> View:
         ruled_out=[t for t in report.trials if t.state == "infeasible_predicted"],
         confidence=confidence_line(report),
         plan=plan(report),
+        track=track_record(report),
     )
 
 

@@ -49,6 +49,7 @@ from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.plausibility import judged
 from infertune_tuner.search.records import (
+    ATTR_CHANCES,
     ATTR_CHECKS,
     ATTR_CONFIG,
     ATTR_CONSTRAINTS,
@@ -245,6 +246,7 @@ class Search:
         """Under the claim lock: what this trial measures (raises _Wait, or skips the trial)."""
         retried = trial.user_attrs.get(ATTR_CONFIG)  # a trial whose worker died, to re-run
         purpose = str(trial.user_attrs.get(ATTR_PURPOSE, "explore"))
+        chances = None
         if retried is not None:
             cfg = config_of(retried)
             self._suggest(trial)  # the retried trial keeps its parameters
@@ -258,7 +260,7 @@ class Search:
             if decision.config != cfg:
                 why = decision.stop or StopReason(StopKind.EXHAUSTED, "nothing to measure now")
                 self._skip(trial, cfg.label(), why)
-            purpose = decision.purpose
+            purpose, chances = decision.purpose, decision.chances
         else:
             cfg = self._suggest(trial)
             if not self.admissible(self.study):  # a wrapped sampler has nothing left to propose
@@ -277,6 +279,8 @@ class Search:
         trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
         trial.set_user_attr(ATTR_RUN, self.run_id)
         trial.set_user_attr(ATTR_PURPOSE, purpose)
+        if chances is not None:
+            trial.set_user_attr(ATTR_CHANCES, chances.model_dump())
         if (pred := self.priors.get(cfg)) is not None:
             trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
         return cfg, purpose

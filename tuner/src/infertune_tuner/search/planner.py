@@ -35,6 +35,7 @@ import numpy as np
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
+from infertune_tuner.result import Chances
 from infertune_tuner.search.belief import believed
 from infertune_tuner.search.classify import Exclusion, Ruling, classify
 from infertune_tuner.search.confirm import confirmations
@@ -59,6 +60,7 @@ class Decision:
     purpose: Purpose = "explore"
     stop: StopReason | None = None
     confidence: float | None = None
+    chances: Chances | None = None  # what the posterior gave `config` (recorded on its trial)
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Assessment:
     p_success: np.ndarray  # P(fits and meets every SLO bound); 1 for measured feasible ones
     p_fit: np.ndarray
     gain: np.ndarray  # expected gain over incumbent * (1 + settings.improvement)
+    estimate: np.ndarray  # the posterior's median tok/s/GPU
     p_any: float  # P(some configuration, measured or not, beats the incumbent)
     p_untried: float  # P(some untried or in-flight configuration beats the incumbent)
     ruled: dict[TrialConfig, Ruling] = field(default_factory=dict)  # why no candidate
@@ -299,12 +302,28 @@ class Planner:
             p_success=p_success,
             p_fit=p_fit,
             gain=g,
+            estimate=np.array([self.priors[c].output_tokens_per_s_per_gpu for c in full])
+            * np.exp(post.tps.marginal(full)[0]),
             p_any=float(beats.any(axis=1).mean()) if m else 0.0,
             p_untried=float(beats[:, :untested].any(axis=1).mean()) if untested else 0.0,
             ruled=ruled,
         )
 
     # -- the decision
+
+    def _measure(self, a: Assessment, cfg: TrialConfig, purpose: Purpose) -> Decision:
+        """Measure `cfg`, with the chances the posterior gives it (`a`) recorded."""
+        i = a.of(cfg)
+        chances = None
+        if i is not None:
+            chances = Chances(
+                p_success=round(float(a.p_success[i]), 4),
+                p_beat=round(float(a.p_beat[i]), 4),
+                to_beat_tps=round(a.best_tps * (1 + self.settings.improvement), 3),
+                estimate_tps=round(float(a.estimate[i]), 3),
+                confidence=round(a.confidence, 4),
+            )
+        return Decision(cfg, purpose, confidence=a.confidence, chances=chances)
 
     def _confirmations(self, known: Known, a: Assessment) -> list[TrialConfig]:
         if a.best is None:
@@ -340,26 +359,26 @@ class Planner:
             a.p_untried >= st.stop_probability and n_cands > 0 and a.gain[:n_cands].max() > worth
         )
         if confirm and remaining == 1:
-            return Decision(confirm[0], "confirm", confidence=conf)
+            return self._measure(a, confirm[0], "confirm")
         early = st.confirm_incumbent_after
         if (explore and early and a.best is not None and known.executed >= early
                 and known.repeats(a.best) < 2 and a.best not in known.in_flight):  # fmt: skip
             # Exploration measures against the incumbent: a lucky first run of it would send the
             # search after configurations that beat noise. Its second run comes first.
-            return Decision(a.best, "confirm", confidence=conf)
+            return self._measure(a, a.best, "confirm")
         if explore:
             i = int(np.argmax(a.gain[:n_cands]))
-            return Decision(a.candidates[i], "explore", confidence=conf)
+            return self._measure(a, a.candidates[i], "explore")
         if (holes := self.gaps(known, a)) and (remaining is None or remaining > 1):
-            return Decision(holes[0].target, "cover", confidence=conf)
+            return self._measure(a, holes[0].target, "cover")
         if confirm:
-            return Decision(confirm[0], "confirm", confidence=conf)
+            return self._measure(a, confirm[0], "confirm")
         if known.in_flight:
             return Decision(None, confidence=conf)  # wait: an in-flight trial may still win
         probes = sum(1 for m in known.measured.values() if m.status == "ok")
         if a.best is None and probes < st.min_probes and a.candidates:
             i = int(np.argmax(a.p_success[: len(a.candidates)]))
-            return Decision(a.candidates[i], "probe", confidence=conf)
+            return self._measure(a, a.candidates[i], "probe")
         if a.best is not None:
             return Decision(None, stop=StopReason(StopKind.CONVERGED, (
                 f"P(an untried configuration beats {a.best_tps:.0f} tok/s/GPU by more than "

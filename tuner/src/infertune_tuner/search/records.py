@@ -19,7 +19,7 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.result import SloCheck
+from infertune_tuner.result import Chances, SloCheck
 from infertune_tuner.search.evidence import Known
 
 ATTR_CONFIG = "config"
@@ -29,6 +29,7 @@ ATTR_CONSTRAINTS = "constraints"
 ATTR_SKIP = "skipped"
 ATTR_RUN = "run"
 ATTR_PURPOSE = "purpose"
+ATTR_CHANCES = "chances"  # what the posterior gave the configuration when `auto` chose it
 CLAIMED = (TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -83,6 +84,13 @@ class ExecutedTrial:
     checks: list[SloCheck]
     run: str | None = None
     purpose: str = "explore"
+    chances: Chances | None = None
+
+
+def chances_of(t: FrozenTrial) -> Chances | None:
+    """The chances recorded on a trial when `auto` chose it (None: another sampler chose it)."""
+    recorded = t.user_attrs.get(ATTR_CHANCES)
+    return Chances.model_validate(recorded) if recorded is not None else None
 
 
 def _executed(t: FrozenTrial) -> ExecutedTrial | None:
@@ -95,6 +103,7 @@ def _executed(t: FrozenTrial) -> ExecutedTrial | None:
         [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
         t.user_attrs.get(ATTR_RUN),
         t.user_attrs.get(ATTR_PURPOSE, "explore"),
+        chances_of(t),
     )
 
 
