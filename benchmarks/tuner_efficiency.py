@@ -51,6 +51,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import dataclasses
+import itertools
 import math
 import pickle
 import statistics
@@ -96,6 +97,68 @@ class Run:
     found_at: int | None = None
     # Modelled GPU minutes of the run's trials (gpu_minutes).
     minutes: float = 0.0
+    # Per trial `auto` chose to explore, cover or probe: the chances it gave the configuration
+    # and what the world's typical run of it truly does (chance_outcomes).
+    chances: list[ChanceOutcome] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChanceOutcome:
+    purpose: str  # explore | cover | probe
+    p_success: float
+    p_beat: float
+    success: bool  # the configuration's typical run fits and meets every bound
+    beat: bool  # ... and beats the line it had to beat
+
+
+def chance_outcomes(report: Report, truth: Truth) -> list[ChanceOutcome]:
+    """The chances `auto` acted on, each against the truth (a confirmation re-measures what is
+    known; invalid and failed runs are no outcome)."""
+    out = []
+    for t in report.trials:
+        c = t.chances
+        if not t.executed or c is None or t.purpose == "confirm":
+            continue
+        if t.state not in ("complete", "oom"):
+            continue
+        cfg = t.config.to_config()
+        success = truth.margin.get(cfg, -1.0) >= 0.0
+        beat = success and truth.tps.get(cfg, 0.0) > c.to_beat_tps
+        out.append(ChanceOutcome(t.purpose or "explore", c.p_success, c.p_beat, success, beat))
+    return out
+
+
+CHANCE_BINS = (0.0, 0.05, 0.2, 0.4, 0.6, 0.8, 0.95, 1.0001)
+
+
+def _chance_lines(label: str, rows: list[Run]) -> list[str]:
+    """Expected (sum of the chances) against realized (how many came true), for P(meets the SLO)
+    and P(beats the best); for `all`, also per bin of the stated chance."""
+    outs = [o for r in rows for o in r.chances]
+    if not outs:
+        return []
+
+    def pair(pred: list[float], real: list[bool]) -> str:
+        e, k = sum(pred), sum(real)
+        return f"{e:8.1f} {k:6d} {k / e if e else float('nan'):6.2f}"
+
+    lines = [
+        f"{label:14} {len(outs):>6} {pair([o.p_success for o in outs], [o.success for o in outs])}"
+        f"   {pair([o.p_beat for o in outs], [o.beat for o in outs])}"
+    ]
+    if label == "all":
+        for purpose, kind in itertools.product(("explore", "cover"), ("p_success", "p_beat")):
+            cells = []
+            for lo, hi in itertools.pairwise(CHANCE_BINS):
+                got = [o for o in outs if o.purpose == purpose and lo <= getattr(o, kind) < hi]
+                if got:
+                    pred = statistics.fmean(getattr(o, kind) for o in got)
+                    real = statistics.fmean(
+                        (o.success if kind == "p_success" else o.beat) for o in got
+                    )
+                    cells.append(f"{pred:.2f}->{real:.2f} ({len(got)})")
+            lines.append(f"  {purpose:7} {kind:9} by bin: " + ", ".join(cells))
+    return lines
 
 
 def _p90(xs: list[int]) -> int:
@@ -201,7 +264,7 @@ def run_world(
         )  # fmt: skip
         run = Run(world.family, world.name, world.seed, reached, strict,
                   report.executed_trials, wide, confidence, share, surprised, found_at,
-                  gpu_minutes(report, priors))  # fmt: skip
+                  gpu_minutes(report, priors), chance_outcomes(report, truth))  # fmt: skip
         out.append((sampler, run, line))
     return out
 
@@ -341,10 +404,26 @@ def main() -> None:
             print(_row("model >=2x off", surprised))
             print("  (runs that measured a configuration whose tok/s/GPU was at least 2x off the "
                   "model's prediction, every family)")  # fmt: skip
+        chance_rows = _chance_lines("all", rows)
+        if chance_rows:
+            print(f"\n[{sampler}]  the chances it acted on: every trial chosen to explore, cover "
+                  "or probe, the chance the posterior gave it then against what the world's "
+                  "typical run of it does; expected = sum of the chances, realized = how many "
+                  "came true, ratio = realized / expected (1: honest; above 1 for 'beats': "
+                  "the model underrates what it has not measured, and its confidence is too "
+                  "high)")  # fmt: skip
+            print(f"{'':14} {'trials':>6} {'meets SLO: expected realized ratio':>34}   "
+                  f"{'beats the best: expected realized ratio':>38}")  # fmt: skip
+            print("\n".join(chance_rows))
+            for family in families:
+                print("\n".join(_chance_lines(family, [r for r in rows if r.family == family])))
+        if surprised:
+            print("\n".join(_chance_lines("model >=2x off", surprised)))
     if args.csv:
-        write_csv(
-            args.csv, [{"sampler": s, **vars(r)} for s, rows in results.items() for r in rows]
-        )
+        write_csv(args.csv, [
+            {"sampler": s, **{k: v for k, v in vars(r).items() if k != "chances"}}
+            for s, rows in results.items() for r in rows
+        ])  # fmt: skip
 
 
 if __name__ == "__main__":
