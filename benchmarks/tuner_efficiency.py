@@ -108,7 +108,7 @@ class ChanceOutcome:
     p_success: float
     p_beat: float
     success: bool  # the configuration's typical run fits and meets every bound
-    beat: bool  # ... and beats the line it had to beat
+    beat: bool  # ... and beats the incumbent's typical run by more than 2 %
 
 
 def chance_outcomes(report: Report, truth: Truth) -> list[ChanceOutcome]:
@@ -123,7 +123,11 @@ def chance_outcomes(report: Report, truth: Truth) -> list[ChanceOutcome]:
             continue
         cfg = t.config.to_config()
         success = truth.margin.get(cfg, -1.0) >= 0.0
-        beat = success and truth.tps.get(cfg, 0.0) > c.to_beat_tps
+        # The event P(beat) is about: its truth against the incumbent's truth, 2 % up.
+        line = 0.0
+        if c.incumbent is not None:
+            line = truth.tps[c.incumbent.to_config()] * (1 + SearchSettings().improvement)
+        beat = success and truth.tps.get(cfg, 0.0) > line
         out.append(ChanceOutcome(t.purpose or "explore", c.p_success, c.p_beat, success, beat))
     return out
 

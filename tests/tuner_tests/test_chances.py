@@ -9,7 +9,7 @@ import pytest
 
 from infertune_tuner.report import render_html, render_markdown
 from infertune_tuner.report.view import track_record
-from infertune_tuner.result import Chances, Report, Trial
+from infertune_tuner.result import Chances, ConfigOut, Report, Trial
 from infertune_tuner.run import tune
 from infertune_tuner.search.settings import SearchSettings
 
@@ -22,15 +22,18 @@ def _tuned(tmp_path: Path, **kw: object) -> Report:
     return report
 
 
-def _best_before(trials: list[Trial], n: int) -> float:
-    """The best typical tok/s/GPU (mean over repeats) among the SLO-meeting trials before `n`."""
-    runs: dict[object, list[float]] = {}
-    ok: dict[object, bool] = {}
+def _best_before(trials: list[Trial], n: int) -> tuple[ConfigOut | None, float]:
+    """The SLO-meeting configuration measured before trial `n` with the best typical tok/s/GPU
+    (the mean over its runs), and that tok/s/GPU; (None, 0) while none met the SLO."""
+    runs: dict[ConfigOut, list[float]] = {}
+    ok: dict[ConfigOut, bool] = {}
     for t in trials:
         if t.number < n and t.executed and t.metrics is not None:
             runs.setdefault(t.config, []).append(t.metrics.output_tokens_per_s_per_gpu)
             ok[t.config] = bool(t.slo_ok)
-    return max((sum(v) / len(v) for c, v in runs.items() if ok[c]), default=0.0)
+    typical = {c: sum(v) / len(v) for c, v in runs.items() if ok[c]}
+    best = max(typical, key=lambda c: typical[c], default=None)
+    return best, typical.get(best, 0.0) if best is not None else 0.0
 
 
 def test_every_trial_auto_chose_records_the_chances_it_was_chosen_with(tmp_path: Path) -> None:
@@ -43,9 +46,9 @@ def test_every_trial_auto_chose_records_the_chances_it_was_chosen_with(tmp_path:
         assert c is not None, t
         assert 0.0 <= c.p_beat <= c.p_success <= 1.0, t
         # What it had to beat: the best measured before it, 2 % up (0 while nothing met the SLO).
-        assert c.to_beat_tps == pytest.approx(
-            _best_before(executed, t.number) * (1 + improvement), rel=1e-4
-        ), t.number
+        incumbent, tps = _best_before(executed, t.number)
+        assert c.incumbent == incumbent, t.number
+        assert c.to_beat_tps == pytest.approx(tps * (1 + improvement), rel=1e-4), t.number
         if t.purpose == "confirm":
             assert c.p_success == 1.0  # a confirmation re-measures a configuration that met it
     first, last = executed[0].chances, executed[-1].chances

@@ -112,9 +112,11 @@ class Chances(Record):
     as stated (a confidence worth printing rests on chances that do)."""
 
     p_success: float  # P(it fits and meets every SLO bound)
-    p_beat: float  # P(it also beats `to_beat_tps`)
-    # The best tok/s/GPU measured so far times 1 + the improvement the search asks for
-    # (0: nothing had met the SLO yet, and any success counts).
+    # P(it also beats the incumbent's true tok/s/GPU by more than the improvement the search
+    # asks for, 2 %); while nothing had met the SLO, P(it succeeds).
+    p_beat: float
+    incumbent: ConfigOut | None = None  # the best measured so far (None: nothing met the SLO)
+    # The incumbent's measured tok/s/GPU (mean over its runs) times 1 + that improvement.
     to_beat_tps: float
     estimate_tps: float  # the posterior's estimate of its tok/s/GPU (median)
     confidence: float | None = None  # the run's confidence the optimum was found, before it

@@ -35,7 +35,7 @@ import numpy as np
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.result import Chances
+from infertune_tuner.result import Chances, ConfigOut
 from infertune_tuner.search.belief import believed
 from infertune_tuner.search.classify import Exclusion, Ruling, classify
 from infertune_tuner.search.confirm import confirmations
@@ -319,6 +319,7 @@ class Planner:
             chances = Chances(
                 p_success=round(float(a.p_success[i]), 4),
                 p_beat=round(float(a.p_beat[i]), 4),
+                incumbent=ConfigOut.of(a.best) if a.best is not None else None,
                 to_beat_tps=round(a.best_tps * (1 + self.settings.improvement), 3),
                 estimate_tps=round(float(a.estimate[i]), 3),
                 confidence=round(a.confidence, 4),
