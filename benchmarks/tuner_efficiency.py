@@ -28,7 +28,10 @@ trial that first measured the optimum, the median run's modelled GPU minutes (wh
 cost on the simulated pool's clock, `gpu_minutes`), executed configurations the memory model
 rules out by a wide margin, and for `auto` how well its stated
 confidence is calibrated (of the runs that stopped claiming >= 95 %, the share that reached the
-optimum, and that reached it strictly).
+optimum, and that reached it strictly), and whether the chances it acted on came true: over
+every trial it chose to explore, cover or probe, the chances recorded with it (result.Chances)
+summed against how many truly met the SLO and truly beat the incumbent, overall, by bin of the
+stated chance and per family (`chance_outcomes`).
 
     python benchmarks/tuner_efficiency.py [--seeds 5] [--budget 40] [--jobs 2]
         [--samplers auto,tpe,random,grid] [--families admission,...,dev-vllm]
