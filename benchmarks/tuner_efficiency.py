@@ -114,9 +114,10 @@ class ChanceOutcome:
     beat: bool  # ... and beats the incumbent's typical run by more than 2 %
 
 
-def chance_outcomes(report: Report, truth: Truth) -> list[ChanceOutcome]:
+def chance_outcomes(report: Report, truth: Truth, improvement: float) -> list[ChanceOutcome]:
     """The chances `auto` acted on, each against the truth (a confirmation re-measures what is
-    known; invalid and failed runs are no outcome)."""
+    known; invalid and failed runs are no outcome); a win beats the incumbent by more than
+    `improvement` (the run's SearchSettings.improvement)."""
     out = []
     for t in report.trials:
         c = t.chances
@@ -129,7 +130,7 @@ def chance_outcomes(report: Report, truth: Truth) -> list[ChanceOutcome]:
         # The event P(beat) is about: its truth against the incumbent's truth, 2 % up.
         line = 0.0
         if c.incumbent is not None:
-            line = truth.tps[c.incumbent.to_config()] * (1 + SearchSettings().improvement)
+            line = truth.tps[c.incumbent.to_config()] * (1 + improvement)
         beat = success and truth.tps.get(cfg, 0.0) > line
         out.append(ChanceOutcome(t.purpose or "explore", c.p_success, c.p_beat, success, beat))
     return out
@@ -271,7 +272,7 @@ def run_world(
         )  # fmt: skip
         run = Run(world.family, world.name, world.seed, reached, strict,
                   report.executed_trials, wide, confidence, share, surprised, found_at,
-                  gpu_minutes(report, priors), chance_outcomes(report, truth))  # fmt: skip
+                  gpu_minutes(report, priors), chance_outcomes(report, truth, settings.improvement))  # fmt: skip
         out.append((sampler, run, line))
     return out
 
