@@ -113,7 +113,7 @@ def write_tokenizer(folder: Path) -> Path:
     """A word-level tokenizer, one token per whitespace-separated word (see the module doc)."""
     folder.mkdir(parents=True, exist_ok=True)
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys([*WORDS, "tok"]))}}
-    tokenizer = {
+    tokenizer: dict[str, Any] = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
         "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
         "post_processor": None, "decoder": None,

@@ -208,7 +208,7 @@ def _measure(out: Path, repeats: int) -> None:
                 f"{model} tp{tp} {quant:5} ctx{context} bs{batch:<4} step {step_ms:8.3f} ms",
                 flush=True,
             )
-        rank = None  # free this case's weights and KV cache before the next
+        del rank  # free this case's weights and KV cache before the next
         torch.cuda.empty_cache()
 
     prefills: list[dict[str, Any]] = []
@@ -223,7 +223,7 @@ def _measure(out: Path, repeats: int) -> None:
                 "layers": layers, "layers_built": built, "prefill_ms": round(ms, 4),
             })  # fmt: skip
             print(f"{model} tp{tp} {quant:5} prefill {tokens:>5} tokens {ms:8.3f} ms", flush=True)
-        rank = None
+        del rank
         torch.cuda.empty_cache()
 
     out.write_text(json.dumps({

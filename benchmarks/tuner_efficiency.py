@@ -239,7 +239,7 @@ def run_world(
             executed.append(cfg)
 
         with tempfile.TemporaryDirectory() as tmp:
-            report = tune(req, backend=world.backend(req), out_dir=Path(tmp),  # type: ignore[arg-type]
+            report = tune(req, backend=world.backend(req), out_dir=Path(tmp),
                           on_trial=hook, settings=settings)  # fmt: skip
         assert report is not None
         chosen = report.best.config.to_config() if report.best else None
@@ -255,7 +255,7 @@ def run_world(
         confidence = report.confidence
         label = chosen.label() if chosen else "-"
         purposes = Counter(t.purpose for t in report.trials if t.executed)
-        why = "".join(f"{k[0]}{k[2]}{v}" for k, v in sorted(purposes.items()))
+        why = "".join(f"{k[0]}{k[2]}{v}" for k, v in sorted(purposes.items()) if k)
         line = (f"{world.name:26} {world.family:13} s{world.seed} {sampler:6} "
                 f"trials {report.executed_trials:3} ({why:14}) {label:26} got {got:7.0f}{'' if ok else '!'} "
                 f"opt {truth.optimum:7.0f} strict {truth.strict:7.0f} "
@@ -356,7 +356,7 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         # The cache holds truths per world and hyperpriors per held-out family (fitted on a
         # given set of worlds): whatever of them this run needs and finds is reused.
-        cache: dict[str, dict] = {"truths": {}, "priors": {}}  # type: ignore[type-arg]
+        cache: dict[str, dict] = {"truths": {}, "priors": {}}
         if args.cache and args.cache.exists():
             cache = pickle.loads(args.cache.read_bytes())
         todo = [w for w in everything if w not in cache["truths"]]

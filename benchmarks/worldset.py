@@ -27,6 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -76,7 +77,7 @@ REPLAY_NOISE = {"p50": 0.015, "p95": 0.02, "p99": 0.03}
 
 
 def slo(*bounds: tuple[str, str, float]) -> list[SloBound]:
-    return [SloBound(metric=m, percentile=p, max_ms=v) for m, p, v in bounds]  # type: ignore[arg-type]
+    return [SloBound(metric=m, percentile=p, max_ms=v) for m, p, v in bounds]
 
 
 # name, model, gpu, max gpus, isl, osl, slo, tp, batches, quants, kvs, accuracy allowance
@@ -114,7 +115,7 @@ SCENARIOS = [
 ]  # fmt: skip
 
 
-def scenario_request(sc: tuple, sampler: str, seed: int, budget: int) -> TuningRequest:  # type: ignore[type-arg]
+def scenario_request(sc: tuple, sampler: str, seed: int, budget: int) -> TuningRequest:
     name, model, gpu, maxg, isl, osl, bounds, tps, bs, qs, kvs, acc = sc
     return TuningRequest(
         name=name.replace("/", "-").replace(" ", "-").replace("+", "-").lower(),
@@ -142,6 +143,14 @@ def dev_request(
 def _rng(*parts: object) -> np.random.Generator:
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+class Pool(BenchmarkBackend, Protocol):
+    """A benchmark pool that also knows its truth: what a typical run of a configuration shows
+    (no run noise). Every pool of a world is one (WorldBackend, NoisyReplay, and the stress forms
+    around them)."""
+
+    def truth(self, config: TrialConfig) -> Measurement: ...
 
 
 class NoisyReplay:
@@ -202,7 +211,7 @@ class KernelLuck:
     autotuner picked, a batch size that pads, an attention kernel that changes at a sequence
     count. A stress form nobody fitted the hyperprior on or tuned the search on."""
 
-    def __init__(self, inner: BenchmarkBackend | NoisyReplay, sd: float, world: str) -> None:
+    def __init__(self, inner: Pool, sd: float, world: str) -> None:
         self.inner, self.sd, self.world = inner, sd, world
         self.name = inner.name
         self.speedup = inner.speedup
@@ -227,8 +236,7 @@ class RunNoise:
     truth) is unchanged. It stands for a shared node, a throttling GPU or a noisy network
     between the load generator and the server. A stress form nobody fitted or tuned on."""
 
-    def __init__(self, inner: BenchmarkBackend | NoisyReplay | KernelLuck, sd: float,
-                 world: str) -> None:  # fmt: skip
+    def __init__(self, inner: Pool, sd: float, world: str) -> None:
         self.inner, self.sd, self.world = inner, sd, world
         self.name = inner.name
         self.speedup = inner.speedup
@@ -249,7 +257,7 @@ class World:
     family: str
     name: str  # scenario name or dev table
     seed: int
-    scenario: tuple | None = field(default=None, compare=False)  # type: ignore[type-arg]
+    scenario: tuple | None = field(default=None, compare=False)
     luck: float = 0.0  # KernelLuck's sd (0: none)
     run_noise: float = 0.0  # RunNoise's sd (0: none)
 
@@ -262,10 +270,8 @@ class World:
     def folder(self) -> Path:
         return TABLE_FAMILIES[self.family][0]
 
-    def backend(
-        self, request: TuningRequest
-    ) -> BenchmarkBackend | NoisyReplay | KernelLuck | RunNoise:
-        pool: BenchmarkBackend | NoisyReplay | KernelLuck | RunNoise
+    def backend(self, request: TuningRequest) -> Pool:
+        pool: Pool
         if self.scenario is not None:
             pool = WorldBackend(request, self.family, seed=self.seed)
         else:
