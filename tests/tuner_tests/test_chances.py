@@ -109,3 +109,17 @@ def test_nothing_chosen_by_chance_says_nothing(tmp_path: Path) -> None:
     report = _tuned(tmp_path)
     confirms = [t.model_copy(update={"purpose": "confirm"}) for t in report.trials]
     assert track_record(report.model_copy(update={"trials": confirms})) is None
+
+
+def test_parallel_workers_record_the_chances_they_proposed_with(tmp_path: Path) -> None:
+    """Two workers: each trial keeps the chances its worker chose it with; an incumbent may be
+    a trial the other worker still ran (believed at its posterior mean, search/belief.py)."""
+    report = _tuned(tmp_path, parallelism=2)
+    executed = [t for t in report.trials if t.executed]
+    assert len(executed) >= 4
+    measured = {t.config for t in executed}
+    for t in executed:
+        c = t.chances
+        assert c is not None, t
+        assert 0.0 <= c.p_beat <= c.p_success <= 1.0, t
+        assert c.incumbent is None or c.incumbent in measured, t

@@ -115,7 +115,9 @@ class Chances(Record):
     # P(it also beats the incumbent's true tok/s/GPU by more than the improvement the search
     # asks for, 2 %); while nothing had met the SLO, P(it succeeds).
     p_beat: float
-    incumbent: ConfigOut | None = None  # the best measured so far (None: nothing met the SLO)
+    # The best measured so far (None: nothing met the SLO); with parallel workers, possibly a
+    # configuration in flight, believed at its posterior mean (search/belief.py).
+    incumbent: ConfigOut | None = None
     # The incumbent's measured tok/s/GPU (mean over its runs) times 1 + that improvement.
     to_beat_tps: float
     estimate_tps: float  # the posterior's estimate of its tok/s/GPU (median)

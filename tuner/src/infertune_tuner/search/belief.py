@@ -9,8 +9,9 @@ a configuration believed feasible becomes the incumbent the next proposal must b
 worker asked while TP4/b128 runs looks at what could beat TP4/b128's expected result (a larger
 batch, another TP), not at TP4/b128's twin.
 
-A believed result only steers proposals: it is never recorded, never reported, and the real
-measurement replaces it when the trial ends.
+A believed result only steers proposals: it is never recorded or reported as a measurement, and
+the real measurement replaces it when the trial ends. The chances a proposal is recorded with
+(result.Chances) are the ones it was made with, so their incumbent may be a believed one.
 """
 
 from __future__ import annotations
