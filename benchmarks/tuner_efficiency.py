@@ -72,6 +72,7 @@ from worldset import ALL_FAMILIES, FIT_FAMILIES, Truth, World, truth_of, worlds,
 from infertune_tuner.backends.simulated import pool_seconds
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
+from infertune_tuner.report.view import chosen_by_chance
 from infertune_tuner.result import Report
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior, fit_hyperprior
@@ -115,16 +116,13 @@ class ChanceOutcome:
 
 
 def chance_outcomes(report: Report, truth: Truth, improvement: float) -> list[ChanceOutcome]:
-    """The chances `auto` acted on, each against the truth (a confirmation re-measures what is
-    known; invalid and failed runs are no outcome); a win beats the incumbent by more than
-    `improvement` (the run's SearchSettings.improvement)."""
+    """The chances `auto` acted on (the trials the report counts, view.chosen_by_chance), each
+    against the truth; a win beats the incumbent by more than `improvement` (the run's
+    SearchSettings.improvement)."""
     out = []
-    for t in report.trials:
+    for t in chosen_by_chance(report):
         c = t.chances
-        if not t.executed or c is None or t.purpose == "confirm":
-            continue
-        if t.state not in ("complete", "oom"):
-            continue
+        assert c is not None
         cfg = t.config.to_config()
         success = truth.margin.get(cfg, -1.0) >= 0.0
         # The event P(beat) is about: its truth against the incumbent's truth, 2 % up.

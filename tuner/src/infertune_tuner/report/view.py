@@ -280,19 +280,26 @@ def chances_cell(t: Trial) -> str:
     return "" if c is None else f"{c.p_success:.0%} / {c.p_beat:.0%}"
 
 
+def chosen_by_chance(report: Report) -> list[Trial]:
+    """The executed trials `auto` chose for their chances (to explore, cover or probe; a
+    confirmation re-measures what is known) whose run is an outcome: it completed, or ran out of
+    memory (a chance includes fitting). Invalid and failed runs count for nothing."""
+    return [
+        t for t in report.trials
+        if t.executed and t.chances is not None and t.purpose != "confirm"
+        and t.state in ("complete", "oom")
+    ]  # fmt: skip
+
+
 def track_record(report: Report) -> str | None:
     """How often the chances the search acted on came true in this run.
 
     Over the trials it chose to explore, cover or probe (a confirmation re-measures what is
     known), the sum of their chances is the number it expected to meet the SLO and to beat the
     best of their time; beside it, how many did on their own run. A model that is surprised by
-    the pool shows here first: far fewer (or more) than expected. Out-of-memory runs count as
-    misses (a chance includes fitting); invalid and failed runs count for nothing."""
-    chosen = [
-        t for t in report.trials
-        if t.executed and t.chances is not None and t.purpose != "confirm"
-        and t.state in ("complete", "oom")
-    ]  # fmt: skip
+    the pool shows here first: far fewer (or more) than expected (`chosen_by_chance` says which
+    trials count)."""
+    chosen = chosen_by_chance(report)
     if not chosen:
         return None
     met = [t for t in chosen if t.state == "complete" and t.slo_ok is not False]
