@@ -135,6 +135,9 @@ def chance_outcomes(report: Report, truth: Truth, improvement: float) -> list[Ch
 
 
 CHANCE_BINS = (0.0, 0.05, 0.2, 0.4, 0.6, 0.8, 0.95, 1.0001)
+# An exploration the posterior gave less than this to beat the best: a long shot. The stop rule
+# waits on their sum (SearchSettings.stop_probability, 5 %), so they are what a proof is made of.
+LONG_SHOT = 0.05
 
 
 def _chance_lines(label: str, rows: list[Run]) -> list[str]:
@@ -148,9 +151,11 @@ def _chance_lines(label: str, rows: list[Run]) -> list[str]:
         e, k = sum(pred), sum(real)
         return f"{e:8.1f} {k:6d} {k / e if e else float('nan'):6.2f}"
 
+    long = [o for o in outs if o.purpose == "explore" and o.p_beat < LONG_SHOT]
     lines = [
         f"{label:14} {len(outs):>6} {pair([o.p_success for o in outs], [o.success for o in outs])}"
         f"   {pair([o.p_beat for o in outs], [o.beat for o in outs])}"
+        f"   {len(long):>5} {len(long) / len(rows):>7.1f} {pair([o.p_beat for o in long], [o.beat for o in long])}"
     ]
     if label == "all":
         for purpose, kind in itertools.product(("explore", "cover"), ("p_success", "p_beat")):
@@ -418,8 +423,12 @@ def main() -> None:
                   "came true, ratio = realized / expected (1: honest; above 1 for 'beats': "
                   "the model underrates what it has not measured, and its confidence is too "
                   "high)")  # fmt: skip
+            print(f"  long shots: explorations given under {LONG_SHOT:.0%} to beat the best "
+                  "(the proof the stop rule waits on), how many per run, and their expected "
+                  "and realized wins")  # fmt: skip
             print(f"{'':14} {'trials':>6} {'meets SLO: expected realized ratio':>34}   "
-                  f"{'beats the best: expected realized ratio':>38}")  # fmt: skip
+                  f"{'beats the best: expected realized ratio':>38}   "
+                  f"{'long shots: n per run expected realized ratio':>47}")  # fmt: skip
             print("\n".join(chance_rows))
             for family in families:
                 print("\n".join(_chance_lines(family, [r for r in rows if r.family == family])))
