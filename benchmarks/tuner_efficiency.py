@@ -135,9 +135,10 @@ def chance_outcomes(report: Report, truth: Truth, improvement: float) -> list[Ch
 
 
 CHANCE_BINS = (0.0, 0.05, 0.2, 0.4, 0.6, 0.8, 0.95, 1.0001)
-# An exploration the posterior gave less than this to beat the best: a long shot. The stop rule
-# waits on their sum (SearchSettings.stop_probability, 5 %), so they are what a proof is made of.
-LONG_SHOT = 0.05
+# An exploration the posterior gave less than the stop probability (5 %) to beat the best: a
+# long shot. No single one keeps a run going, but together such chances do, so they are what its
+# proof is made of.
+LONG_SHOT: float = SearchSettings.stop_probability
 
 
 def _chance_lines(label: str, rows: list[Run]) -> list[str]:
