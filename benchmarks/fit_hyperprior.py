@@ -13,7 +13,9 @@ prints it per kind of quantity, and with `--write` stores it as
 It also prints the evidence for `SearchSettings.coverage_floor` (how differently two calibrated
 stacks of TensorRT-LLM, 0.5 and 1.x, rank the configurations of each scenario) and for
 `LatencyMetric.throughput_tie` (per family, how the E2E, ITL and TTFT errors move with the tok/s/GPU error:
-Little's law under the closed-loop load).
+Little's law under the closed-loop load), and how rough each family is: how far each
+configuration's tok/s/GPU sits off the smooth field the kernel follows (`hyperprior.FIT_NOISE`
+assumes 2 %), the held-out real-GPU worlds included (they are profiled, never fitted on).
 """
 
 from __future__ import annotations
@@ -32,10 +34,23 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from worldset import FIT_FAMILIES, SCENARIOS, Truth, scenario_request, truth_of, worlds
+from worldset import (
+    FIT_FAMILIES,
+    HELD_OUT_FAMILIES,
+    SCENARIOS,
+    Truth,
+    scenario_request,
+    truth_of,
+    worlds,
+)
 
 from infertune_tuner.perfmodel.latency import predict
-from infertune_tuner.search.hyperprior import Hyperprior, fit_hyperprior
+from infertune_tuner.search.hyperprior import (
+    FIT_NOISE,
+    Hyperprior,
+    fit_hyperprior,
+    roughness_likelihood,
+)
 from infertune_tuner.search.model import FEATURES
 from infertune_tuner.search.residuals import tie
 from infertune_tuner.space import build_space
@@ -93,6 +108,35 @@ def ties(truths: list[Truth], families: list[str]) -> list[str]:
     return out
 
 
+ROUGHNESS = (0.01, 0.02, 0.03, 0.04, 0.06, 0.10)  # per-configuration log sd, profiled
+
+
+def _tps_roughness(t: Truth) -> list[float] | None:
+    field = next((f for f in t.fields if f.kind == "tps" and len(f.y) >= 8), None)
+    return roughness_likelihood(field, ROUGHNESS) if field is not None else None
+
+
+def roughness(truths: list[Truth], families: list[str], jobs: int) -> list[str]:
+    """Per family, how far each configuration's tok/s/GPU sits off the smooth field the kernel
+    can follow: the mean log marginal likelihood per world at each per-configuration noise
+    (hyperprior.roughness_likelihood), relative to the best. The fit assumes FIT_NOISE."""
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        profiles = list(pool.map(_tps_roughness, truths, chunksize=2))
+    by_family: dict[str, list[list[float]]] = {}
+    for fam, prof in zip(families, profiles, strict=True):
+        if prof is not None:
+            by_family.setdefault(fam, []).append(prof)
+    out = []
+    for fam, profs in by_family.items():
+        mean = np.mean(np.array(profs), axis=0)
+        best = ROUGHNESS[int(np.argmax(mean))]
+        cells = "  ".join(
+            f"{n:.2f}: {v - mean.max():6.1f}" for n, v in zip(ROUGHNESS, mean, strict=True)
+        )
+        out.append(f"  {fam:14} worlds {len(profs):3}  most likely {best:.2f}   {cells}")
+    return out
+
+
 def describe(h: Hyperprior) -> str:
     lines = []
     for kind, p in h.kinds:
@@ -135,6 +179,11 @@ def main() -> None:
         "\nlatency errors against the tok/s/GPU error (medians over worlds; LatencyMetric.throughput_tie):"
     )
     print("\n".join(ties(every, of_family)))
+    held_out, held_out_family = truths(list(HELD_OUT_FAMILIES), args.seeds, args.jobs)
+    print(f"\nroughness: how far each configuration's tok/s/GPU sits off the smooth field the "
+          f"kernel follows (log sd; the fit assumes {FIT_NOISE}); mean log likelihood per world "
+          "relative to the most likely; the real-GPU worlds are in no fit")  # fmt: skip
+    print("\n".join(roughness(every + held_out, of_family + held_out_family, args.jobs)))
     spreads = stack_spread()
     ranges = [r for _, r in spreads]
     print(f"\nstack spread (trtllm-0.5 vs trtllm-1.2, 5-95 % range of log tok/s/GPU ratio): "

@@ -15,6 +15,7 @@ from infertune_tuner.search.hyperprior import (
     LogNormal,
     default_hyperprior,
     fit_hyperprior,
+    roughness_likelihood,
 )
 from infertune_tuner.search.kernel import Hyper, kernel
 from infertune_tuner.search.memory_fit import WIDE_MARGIN, FitModel, ruled_out
@@ -143,6 +144,20 @@ def test_the_hyperprior_fit_recovers_the_scale_of_the_worlds_errors() -> None:
     assert 0.10 < local.median < 0.40
     lo, hi = (local.median * math.exp(k * local.sd_log) for k in (-2, 2))
     assert lo < 0.10 and hi > 0.40  # both families' settings inside two standard deviations
+
+
+def test_roughness_is_found_where_each_configuration_sits_off_the_smooth_field() -> None:
+    # The same smooth world, once as it is and once with every configuration a fixed 6 % off
+    # (a GEMM tactic, a padded batch): the likelihood peaks at the roughness each was given.
+    noises = (0.01, 0.02, 0.04, 0.06, 0.10)
+    smooth = _field("calm", Hyper(0.05, 0.2, (1.5,) * len(FEATURES)), 3, n=48)
+    luck = np.random.default_rng(7).normal(0.0, 0.06, len(smooth.y))
+    rough = Field("rough", "tps", smooth.x, smooth.y + luck)
+    best = {
+        f.family: noises[int(np.argmax(roughness_likelihood(f, noises)))] for f in (smooth, rough)
+    }
+    assert best["calm"] <= 0.02
+    assert 0.04 <= best["rough"] <= 0.10
 
 
 def test_a_kind_without_fields_borrows_the_throughput_prior() -> None:
