@@ -337,6 +337,11 @@ def main() -> None:
                     help="stress form: every run of every configuration runs a new factor "
                          "exp(N(0, SD)) off its typical run, on top of the pool's own noise "
                          "(worldset.RunNoise); scored with the shipped hyperprior")  # fmt: skip
+    ap.add_argument("--own-roughness", type=float, default=0.0, metavar="SD",
+                    help="give the own families the per-configuration luck exp(N(0, SD)) that "
+                         "real pools show (the real-GPU world: 0.04; fit_hyperprior.py prints "
+                         "each family's); a world form, so the hyperpriors are fitted with it "
+                         "(leave one family out)")  # fmt: skip
     ap.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
                     help="score `auto` with a SearchSettings field other than its default "
                          "(repeatable), e.g. --set stop_probability=0.08")  # fmt: skip
@@ -353,9 +358,13 @@ def main() -> None:
     if (args.kernel_luck or args.run_noise) and args.hyperprior != "shipped":
         ap.error("--kernel-luck and --run-noise are forms no hyperprior was fitted on: use "
                  "--hyperprior shipped")  # fmt: skip
-    scored = worlds(families, args.seeds, scenarios, args.kernel_luck, args.run_noise)
+    if args.own_roughness and args.kernel_luck:
+        ap.error("--own-roughness and --kernel-luck are both per-configuration luck: use one")
+    rough = args.own_roughness
+    scored = worlds(families, args.seeds, scenarios, args.kernel_luck, args.run_noise, rough)
     fit_families = args.fit_families.split(",") if args.hyperprior == "lofo" else []
-    fit_only = [w for w in worlds(fit_families, args.seeds, scenarios) if w not in scored]
+    fit_worlds = worlds(fit_families, args.seeds, scenarios, own_roughness=rough)
+    fit_only = [w for w in fit_worlds if w not in scored]
     everything = scored + fit_only
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         # The cache holds truths per world and hyperpriors per held-out family (fitted on a
@@ -390,6 +399,7 @@ def main() -> None:
                 if args.verbose:
                     print(line, file=sys.stderr)
     luck = f"; kernel luck sd {args.kernel_luck:g}" if args.kernel_luck else ""
+    luck += f"; own families' roughness sd {rough:g}" if rough else ""
     luck += f"; run noise sd {args.run_noise:g}" if args.run_noise else ""
     luck += "".join(f"; {k}={v}" for k, v in args.set)
     print(f"{len(scored)} worlds per sampler ({', '.join(families)}; {args.seeds} seeds{luck}); "

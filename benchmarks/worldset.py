@@ -286,14 +286,19 @@ class World:
 
 def worlds(
     families: list[str], seeds: int, scenarios: list[int] | None = None, luck: float = 0.0,
-    run_noise: float = 0.0,
+    run_noise: float = 0.0, own_roughness: float = 0.0,
 ) -> list[World]:  # fmt: skip
+    """The worlds of `families`, `seeds` each. `luck` and `run_noise` are the stress forms
+    (KernelLuck, RunNoise) on every world; `own_roughness` gives the own families alone the
+    per-configuration luck (KernelLuck) that the replayed tables carry already: the own
+    families are smooth to 1 %, the real-GPU world rough to 4 % (fit_hyperprior.py prints it)."""
     out = []
     for fam in families:
         if fam in FAMILIES:
+            own_luck = luck or own_roughness
             for i in scenarios if scenarios is not None else range(len(SCENARIOS)):
                 sc = SCENARIOS[i]
-                out += [World(fam, sc[0], s, sc, luck, run_noise) for s in range(seeds)]
+                out += [World(fam, sc[0], s, sc, own_luck, run_noise) for s in range(seeds)]
         elif fam in TABLE_FAMILIES:
             folder, prefix = TABLE_FAMILIES[fam]
             index = json.loads((folder / "index.json").read_text())
