@@ -208,6 +208,12 @@ def _subsample(f: Field, n: int) -> Field:
     return Field(f.family, f.kind, f.x[idx], f.y[idx])
 
 
+# Where a fit starts (log sigma_global, sigma_local, lengths, trends), and the shifts of the
+# lengths it also starts from: the likelihood can have more than one optimum along the lengths.
+_START = np.log([0.2, 0.2, *([1.5] * N_FEATURES), *([0.05] * N_TRENDS)])
+_SHIFTS = (0.0, 0.7, -0.7)
+
+
 def _fit(
     fields: Sequence[Field], weights: Sequence[float], start: np.ndarray,
     center: np.ndarray | None = None, shifts: Sequence[float] = (0.0,), noise: float = FIT_NOISE,
@@ -241,10 +247,9 @@ def roughness_likelihood(field: Field, noises: Sequence[float]) -> list[float]:
     really is, configuration by configuration, beyond what the kernel's smooth shape can
     follow (benchmarks/fit_hyperprior.py prints it per family)."""
     f = _subsample(field, FIT_POINTS)
-    start = np.log([0.2, 0.2, *([1.5] * N_FEATURES), *([0.05] * N_TRENDS)])
     out = []
     for noise in noises:
-        theta = _fit([f], [1.0], start, shifts=(0.0, 0.7, -0.7), noise=noise)
+        theta = _fit([f], [1.0], _START, shifts=_SHIFTS, noise=noise)
         out.append(-_nll_grad(theta, f.x, f.y, noise)[0])
     return out
 
@@ -255,8 +260,7 @@ def fit_kind(fields: Sequence[Field]) -> KindPrior:
     families = sorted({f.family for f in fields})
     per_family = {fam: sum(1 for f in fields if f.family == fam) for fam in families}
     weights = [1.0 / (per_family[f.family] * len(families)) for f in fields]
-    start = np.log([0.2, 0.2, *([1.5] * N_FEATURES), *([0.05] * N_TRENDS)])
-    pooled = _fit(fields, weights, start, shifts=(0.0, 0.7, -0.7))
+    pooled = _fit(fields, weights, _START, shifts=_SHIFTS)
     own = np.array([_fit([f], [1.0], pooled, center=pooled) for f in fields])
     spread = np.sqrt(np.average((own - pooled) ** 2, axis=0, weights=weights))
     sd = np.maximum(spread * INFLATE, MIN_SD_LOG)
