@@ -135,15 +135,14 @@ def chance_outcomes(report: Report, truth: Truth, improvement: float) -> list[Ch
 
 
 CHANCE_BINS = (0.0, 0.05, 0.2, 0.4, 0.6, 0.8, 0.95, 1.0001)
-# An exploration the posterior gave less than the stop probability (5 %) to beat the best: a
-# long shot. No single one keeps a run going, but together such chances do, so they are what its
-# proof is made of.
-LONG_SHOT: float = SearchSettings.stop_probability
 
 
-def _chance_lines(label: str, rows: list[Run]) -> list[str]:
+def _chance_lines(label: str, rows: list[Run], long_shot: float) -> list[str]:
     """Expected (sum of the chances) against realized (how many came true), for P(meets the SLO)
-    and P(beats the best); for `all`, also per bin of the stated chance."""
+    and P(beats the best); for `all`, also per bin of the stated chance. An exploration given
+    less than `long_shot` (the stop probability in effect) to beat the best is a long shot: no
+    single one keeps a run going, but together such chances do, so they are what its proof is
+    made of."""
     outs = [o for r in rows for o in r.chances]
     if not outs:
         return []
@@ -152,7 +151,7 @@ def _chance_lines(label: str, rows: list[Run]) -> list[str]:
         e, k = sum(pred), sum(real)
         return f"{e:8.1f} {k:6d} {k / e if e else float('nan'):6.2f}"
 
-    long = [o for o in outs if o.purpose == "explore" and o.p_beat < LONG_SHOT]
+    long = [o for o in outs if o.purpose == "explore" and o.p_beat < long_shot]
     lines = [
         f"{label:14} {len(outs):>6} {pair([o.p_success for o in outs], [o.success for o in outs])}"
         f"   {pair([o.p_beat for o in outs], [o.beat for o in outs])}"
@@ -407,6 +406,7 @@ def main() -> None:
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip
     head = (f"{'':14} {'runs':>5} {'>=98% opt':>9} {'strict':>7} {'median':>8} {'p90':>5} "
             f"{'found':>6} {'gpu-min':>7} {'wide':>6} {'calibration (strict)':>20}")  # fmt: skip
+    long_shot = float(dict(args.set).get("stop_probability", SearchSettings.stop_probability))
     for sampler, rows in results.items():
         print(f"\n[{sampler}]  trials executed (confirmations included); found = median trial "
               "that first measured a configuration reaching the optimum (the trials after it "
@@ -426,7 +426,7 @@ def main() -> None:
             print(_row("model >=2x off", surprised))
             print("  (runs that measured a configuration whose tok/s/GPU was at least 2x off the "
                   "model's prediction, every family)")  # fmt: skip
-        chance_rows = _chance_lines("all", rows)
+        chance_rows = _chance_lines("all", rows, long_shot)
         if chance_rows:
             print(f"\n[{sampler}]  the chances it acted on: every trial chosen to explore, cover "
                   "or probe, the chance the posterior gave it then against what the world's "
@@ -434,7 +434,7 @@ def main() -> None:
                   "came true, ratio = realized / expected (1: honest; above 1 for 'beats': "
                   "the model underrates what it has not measured, and its confidence is too "
                   "high)")  # fmt: skip
-            print(f"  long shots: explorations given under {LONG_SHOT:.0%} to beat the best "
+            print(f"  long shots: explorations given under {long_shot:.0%} to beat the best "
                   "(the proof the stop rule waits on), how many per run, and their expected "
                   "and realized wins")  # fmt: skip
             print(f"{'':14} {'trials':>6} {'meets SLO: expected realized ratio':>34}   "
@@ -442,9 +442,10 @@ def main() -> None:
                   f"{'long shots: n per run expected realized ratio':>47}")  # fmt: skip
             print("\n".join(chance_rows))
             for family in families:
-                print("\n".join(_chance_lines(family, [r for r in rows if r.family == family])))
+                rows_f = [r for r in rows if r.family == family]
+                print("\n".join(_chance_lines(family, rows_f, long_shot)))
         if surprised:
-            print("\n".join(_chance_lines("model >=2x off", surprised)))
+            print("\n".join(_chance_lines("model >=2x off", surprised, long_shot)))
     if args.csv:
         write_csv(args.csv, [
             {"sampler": s, **{k: v for k, v in vars(r).items() if k != "chances"}}
