@@ -291,7 +291,10 @@ def worlds(
     """The worlds of `families`, `seeds` each. `luck` and `run_noise` are the stress forms
     (KernelLuck, RunNoise) on every world; `own_roughness` gives the own families alone the
     per-configuration luck (KernelLuck) that the replayed tables carry already: the own
-    families are smooth to 1 %, the real-GPU world rough to 4 % (fit_hyperprior.py prints it)."""
+    families are smooth to 1 %, the real-GPU world rough to 4 % (fit_hyperprior.py prints it).
+    Both are per-configuration luck, so at most one of `luck` and `own_roughness` may be set."""
+    if luck and own_roughness:
+        raise ValueError("luck and own_roughness are both per-configuration luck: give one")
     out = []
     for fam in families:
         if fam in FAMILIES:
