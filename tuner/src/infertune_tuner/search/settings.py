@@ -36,7 +36,9 @@ class SearchSettings:
     # A request's `tuning.confidence` replaces it (Planner): the default is defaults.CONFIDENCE.
     stop_probability: float = stop_probability_for(defaults.CONFIDENCE)
     # Once this many trials ran, a new incumbent is measured a second time before exploration goes
-    # on (0: only when the search is about to stop).
+    # on (0: only when the search is about to stop). Earlier costs trials, later costs reach: on
+    # mixed / dev-synthetic, 2 took the median to 12 / 14.5 (from 11.5 / 13.5), 6 and 0 took
+    # dev-synthetic's runs at the optimum from 97 % to 95 % and 92 % (docs/search-experiments.md).
     confirm_incumbent_after: int = 4
     # A candidate is worth a trial when its expected gain over the incumbent is at least this
     # share of the incumbent's tok/s/GPU.
