@@ -105,6 +105,22 @@ class SloCheck(Record):
     ok: bool
 
 
+class Headroom(Record):
+    """How far the chosen configuration's typical run sits inside one SLO bound, weighed against
+    the pool's run-to-run noise (slo.room): what a deployment of it can expect of the bound."""
+
+    bound: str  # "TTFT p95 <= 1500 ms", or the tok/s/GPU floor
+    metric: str  # as SloCheck: a latency metric's key, or the objective's for the floor
+    percentile: str
+    value_ms: float  # the typical run's value (for the floor: its tok/s/GPU)
+    limit_ms: float
+    headroom: float  # relative room: (limit - value) / limit; for the floor (value - limit) / limit
+    noise: float  # run-to-run noise of one run of the quantity (log sd; learned from repeats)
+    p_meets: float  # P(a fresh run of the configuration meets the bound)
+    # The room is at least two run-to-run SDs (slo.SETTLED_SDS): a fresh run meets it >= 97.7 %.
+    settled: bool
+
+
 class Chances(Record):
     """What the search believed of a configuration when it chose to measure it: its posterior
     given the trials before (search/planner.py). The report sets them beside what the trial
@@ -164,6 +180,9 @@ class Best(Record):
     repeats: int = 1
     # Relative spread (max - min) / mean between repeats, per quantity ("tok/s/GPU", "E2E p95").
     noise: dict[str, float] = Field(default_factory=dict)
+    # Per SLO bound (and the tok/s/GPU floor), the room the typical run leaves and what it is
+    # worth against the pool's run-to-run noise.
+    headroom: list[Headroom] = Field(default_factory=list)
 
 
 UntriedKind = Literal["memory", "neighbour", "twin", "fit", "slo", "posterior", "stopped"]

@@ -1,11 +1,19 @@
-"""Checking measurements against the SLO."""
+"""Checking measurements against the SLO, and how much room a measurement leaves."""
 
 from __future__ import annotations
+
+import math
 
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.result import SloCheck
+from infertune_tuner.result import Headroom, SloCheck
+
+# A bound met by less than this many run-to-run standard deviations is not settled by a few runs:
+# a fresh run of the same configuration misses it more than 2.3 % of the time. Two SDs is also
+# where benchmarks/tuner_efficiency.py stops requiring a search to tell a configuration's side of
+# a bound (its resolution zone).
+SETTLED_SDS = 2.0
 
 
 def check(request: TuningRequest, m: Measurement) -> list[SloCheck]:
@@ -58,3 +66,25 @@ def describe_violations(checks: list[SloCheck]) -> list[str]:
                 f"{label} {c.percentile} {c.value_ms:.0f} ms > {c.limit_ms:g} ms (+{over:.0%})"
             )
     return out
+
+
+def headroom(c: SloCheck) -> float:
+    """The room a check leaves, relative to its bound: (limit - value) / limit for a latency,
+    (value - limit) / limit for the tok/s/GPU floor; negative when the bound was missed."""
+    if c.metric == OBJECTIVE.key:
+        return (c.value_ms - c.limit_ms) / c.limit_ms
+    return (c.limit_ms - c.value_ms) / c.limit_ms
+
+
+def room(c: SloCheck, noise: float, repeats: int) -> Headroom:
+    """How a typical run of `repeats` runs sits against one bound, given the pool's run-to-run
+    noise of that quantity (log sd of one run): the chance a fresh run meets the bound counts
+    both the fresh run's noise and the typical run's own (sd x sqrt(1 + 1 / repeats))."""
+    value, limit = max(c.value_ms, 1e-9), c.limit_ms
+    log_room = math.log(value / limit) if c.metric == OBJECTIVE.key else math.log(limit / value)
+    sd = max(noise, 1e-9) * math.sqrt(1 + 1 / max(repeats, 1))
+    p = 0.5 * (1 + math.erf(log_room / sd / math.sqrt(2)))
+    return Headroom(
+        bound=c.bound, metric=c.metric, percentile=c.percentile, value_ms=c.value_ms, limit_ms=limit, headroom=round(headroom(c), 4),
+        noise=round(noise, 4), p_meets=round(p, 4), settled=log_room >= SETTLED_SDS * sd,
+    )  # fmt: skip

@@ -25,6 +25,7 @@ from infertune_tuner.result import (
     Best,
     ConfigOut,
     Excluded,
+    Headroom,
     MeasuredConfig,
     Metrics,
     NearMiss,
@@ -36,6 +37,7 @@ from infertune_tuner.result import (
 )
 from infertune_tuner.search.classify import Exclusion
 from infertune_tuner.search.evidence import Known
+from infertune_tuner.search.model import learned_noise
 from infertune_tuner.search.planner import Assessment, Planner
 from infertune_tuner.search.records import (
     ATTR_CONFIG,
@@ -47,6 +49,7 @@ from infertune_tuner.search.records import (
     current_trials,
     known_from,
 )
+from infertune_tuner.search.residuals import residuals
 from infertune_tuner.search.untried import untried_groups
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import StopKind, StopReason
@@ -89,6 +92,20 @@ def _noise(runs: list[Measurement], request: TuningRequest) -> dict[str, float]:
         vals = [p.get(b.percentile) for m in ok if (p := m.percentiles(b.metric))]
         if len(vals) == len(ok):
             out[f"{latency_metric(b.metric).label} {b.percentile}"] = spread(vals)
+    return out
+
+
+def headroom(
+    request: TuningRequest, priors: dict[TrialConfig, Prediction], known: Known, cfg: TrialConfig
+) -> list[Headroom]:
+    """The room `cfg`'s typical run leaves inside each bound, weighed against the run-to-run
+    noise the search learned for that quantity from every repeat of the study (model.learned_
+    noise: the prior noise, or more where the repeats showed more)."""
+    reps = residuals(request, priors, known).repeats
+    out = []
+    for c in known.checks.get(cfg, []):
+        key = "tps" if c.metric == OBJECTIVE.key else f"{c.metric}/{c.percentile}"
+        out.append(slo.room(c, learned_noise(key, reps.get(key, [])), known.repeats(cfg)))
     return out
 
 
@@ -247,6 +264,7 @@ def build_report(
             trial=last,
             repeats=known.repeats(top),
             noise=_noise(known.runs[top], request),
+            headroom=headroom(request, priors, known, top),
         )
     misses: list[NearMiss] = []
     if best is None:

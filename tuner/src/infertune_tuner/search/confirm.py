@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from infertune_tuner import slo
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.metrics import OBJECTIVE
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.settings import SearchSettings
@@ -51,12 +50,7 @@ def confirmations(
             continue
         if (m.output_tokens_per_s_per_gpu or 0.0) * (1 + settings.improvement) < best_tps:
             continue
-        margins = [
-            (c.limit_ms - c.value_ms) / c.limit_ms
-            if c.metric != OBJECTIVE.key
-            else (c.value_ms - c.limit_ms) / c.limit_ms
-            for c in known.checks.get(cfg, [])
-        ]
+        margins = [slo.headroom(c) for c in known.checks.get(cfg, [])]
         if margins and min(margins) < settings.confirm_margin:
             out.append(cfg)
     out += [c for c in straddling(request, known, best_tps, settings) if c not in out]
