@@ -36,6 +36,7 @@ from infertune_operator.conditions import (
 )
 from infertune_operator.naming import endpoint
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.report.headroom import headroom_note
 from infertune_tuner.result import Report
 
 # ------------------------------------------------------------------ tuning finished
@@ -79,10 +80,11 @@ def tuned_fields(report: Report, report_cm: str) -> dict[str, Any]:
 
 def tuned_message(report: Report) -> str:
     assert report.best is not None
+    close = headroom_note(report)
     return (
         f"best {report.best.config.label()}: "
         f"{report.best.metrics.output_tokens_per_s_per_gpu:.0f} tok/s/GPU, SLO met "
-        f"({report.executed_trials} trials executed)"
+        f"({report.executed_trials} trials executed)" + (f"; {close}" if close else "")
     )
 
 

@@ -72,6 +72,7 @@ def render_markdown(report: Report) -> str:
         *([f"- Chances as the search saw them: {v.track}"] if v.track else []),
         f"- Stopped: {report.stopped_reason}",
         *([f"- {v.confidence}"] if v.confidence else []),
+        *([f"- {v.headroom}"] if v.headroom else []),
         *(
             [
                 f"- Confidence: not claimed: {', '.join(report.uncovered)} could still hold the "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from infertune_tuner.metrics import latency_metric
+from infertune_tuner.report.headroom import headroom_line
 from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.result import ConfigOut, MeasuredConfig, Metrics, Report, Trial
 from infertune_tuner.stop import StopKind
@@ -73,6 +74,7 @@ class View:
     confidence: str | None  # the confidence line, with why it differs from the stop rule
     plan: str  # why the executed trials ran, e.g. "6 explore, 2 cover, 2 confirm"
     track: str | None  # how often the chances the search acted on came true (track_record)
+    headroom: str | None  # the room the chosen configuration leaves inside each bound
 
 
 def _config(c: ConfigOut) -> str:
@@ -332,6 +334,7 @@ def build_view(report: Report) -> View:
         confidence=confidence_line(report),
         plan=plan(report),
         track=track_record(report),
+        headroom=headroom_line(report),
     )
 
 
