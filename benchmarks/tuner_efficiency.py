@@ -69,10 +69,12 @@ from typing import Any
 
 from worldset import ALL_FAMILIES, FIT_FAMILIES, Truth, World, truth_of, worlds, write_csv
 
+from infertune_tuner import slo
 from infertune_tuner.backends.simulated import pool_seconds
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.report.view import chosen_by_chance
+from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
 from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior, fit_hyperprior
@@ -104,6 +106,9 @@ class Run:
     # Per trial `auto` chose to explore, cover or probe: the chances it gave the configuration
     # and what the world's typical run of it truly does (chance_outcomes).
     chances: list[ChanceOutcome] = dataclasses.field(default_factory=list)
+    # Per SLO bound of the chosen configuration: the report's P(a fresh run meets it) against
+    # fresh runs of it (headroom_outcomes).
+    headroom: list[HeadroomOutcome] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,72 @@ class ChanceOutcome:
     p_beat: float
     success: bool  # the configuration's typical run fits and meets every bound
     beat: bool  # ... and beats the incumbent's typical run by more than 2 %
+
+
+# The report's P(a fresh run of the chosen configuration meets a bound) (slo.room) is checked
+# against this many fresh runs of it, at repeat indexes no search reaches.
+FRESH_RUNS = 20
+FRESH_REPEAT = 1000
+
+
+@dataclass(frozen=True)
+class HeadroomOutcome:
+    stated: float  # the report's P(a fresh run meets the bound)
+    realized: float  # the share of FRESH_RUNS fresh runs that met it
+    settled: bool  # the report called the room settled (>= two run-to-run SDs)
+
+
+def headroom_outcomes(
+    report: Report, world: World, request: TuningRequest
+) -> list[HeadroomOutcome]:
+    """Each bound's stated chance that a fresh run of the chosen configuration meets it, against
+    FRESH_RUNS fresh runs of it on the world's pool (a run that fails meets nothing)."""
+    if report.best is None or not report.best.headroom:
+        return []
+    cfg = report.best.config.to_config()
+    backend = world.backend(request)
+    try:
+        runs = [
+            slo.check(request, backend.run(cfg, repeat=FRESH_REPEAT + i)) for i in range(FRESH_RUNS)
+        ]
+    finally:
+        backend.close()
+    return [
+        HeadroomOutcome(
+            h.p_meets,
+            statistics.fmean(
+                any(c.metric == h.metric and c.percentile == h.percentile and c.ok for c in checks)
+                for checks in runs
+            ),
+            h.settled,
+        )
+        for h in report.best.headroom
+    ]
+
+
+def _headroom_lines(rows: list[Run]) -> list[str]:
+    """Stated against realized P(a fresh run meets the bound), settled and unsettled apart, and
+    by bin of the stated chance."""
+    outs = [h for r in rows for h in r.headroom]
+    if not outs:
+        return []
+    lines = []
+    for label, group in (("settled", [h for h in outs if h.settled]),
+                         ("within noise", [h for h in outs if not h.settled])):  # fmt: skip
+        if group:
+            lines.append(
+                f"  {label:13} {len(group):4} bounds (of {len(rows)} runs' winners): stated "
+                f"{statistics.fmean(h.stated for h in group):.2f}, realized "
+                f"{statistics.fmean(h.realized for h in group):.2f}"
+            )
+    cells = []
+    for lo, hi in itertools.pairwise((0.0, 0.5, 0.8, 0.9, 0.977, 0.999, 1.0001)):
+        got = [h for h in outs if lo <= h.stated < hi]
+        if got:
+            cells.append(f"{statistics.fmean(h.stated for h in got):.3f}->"
+                         f"{statistics.fmean(h.realized for h in got):.3f} ({len(got)})")  # fmt: skip
+    lines.append("  by bin: " + ", ".join(cells))
+    return lines
 
 
 def chance_outcomes(report: Report, truth: Truth, improvement: float) -> list[ChanceOutcome]:
@@ -275,7 +346,8 @@ def run_world(
         )  # fmt: skip
         run = Run(world.family, world.name, world.seed, reached, strict,
                   report.executed_trials, wide, confidence, share, surprised, found_at,
-                  gpu_minutes(report, priors), chance_outcomes(report, truth, settings.improvement))  # fmt: skip
+                  gpu_minutes(report, priors), chance_outcomes(report, truth, settings.improvement),
+                  headroom_outcomes(report, world, req) if sampler == "auto" else [])  # fmt: skip
         out.append((sampler, run, line))
     return out
 
@@ -446,9 +518,16 @@ def main() -> None:
                 print("\n".join(_chance_lines(family, rows_f, long_shot)))
         if surprised:
             print("\n".join(_chance_lines("model >=2x off", surprised, long_shot)))
+        headroom_rows = _headroom_lines(rows)
+        if headroom_rows:
+            print(f"\n[{sampler}]  the chosen configurations' SLO headroom: the report's P(a fresh "
+                  f"run meets the bound) against the share of {FRESH_RUNS} fresh runs of the "
+                  "chosen configuration on the world's pool that did; 'within noise' are the "
+                  "bounds the report flags (room under two run-to-run SDs)")  # fmt: skip
+            print("\n".join(headroom_rows))
     if args.csv:
         write_csv(args.csv, [
-            {"sampler": s, **{k: v for k, v in vars(r).items() if k != "chances"}}
+            {"sampler": s, **{k: v for k, v in vars(r).items() if k not in ("chances", "headroom")}}
             for s, rows in results.items() for r in rows
         ])  # fmt: skip
 
