@@ -76,7 +76,8 @@ def test_a_choice_at_the_edge_of_its_bound_says_so_and_the_advice_gets_room(
     )
     assert not h.settled and h.p_meets < 0.9
     assert f"a fresh run meets it {h.p_meets:.0%} of the time" in line
-    assert line in render_markdown(report) and "within run-to-run noise" in render_html(report)
+    assert line in render_markdown(report)
+    assert '<dd class="warn">SLO headroom within run-to-run noise' in render_html(report)
     assert "met within run-to-run noise: E2E p95" in tuned_message(report)
 
     # The advice: the bound two run-to-run SDs tighter. Tuned with it, the choice has room
@@ -98,4 +99,5 @@ def test_a_choice_with_room_states_it_and_raises_no_warning(tmp_path: Path, cli:
     (h,) = report.best.headroom
     assert h.settled and h.headroom > 0.1
     assert f"SLO headroom: E2E p95 {h.headroom:.1%} under its bound" in render_markdown(report)
+    assert "<dd>SLO headroom: E2E p95" in render_html(report)
     assert "within run-to-run noise" not in tuned_message(report)

@@ -125,7 +125,6 @@ def tune(
 def _summary(report: Report, paths: list[Path]) -> None:
     """The result on stdout, once: the headline, the next step, what ran and why it stopped,
     where the report is; then the exit status the outcome calls for."""
-    from infertune_tuner.report.headroom import unsettled
     from infertune_tuner.report.view import Outcome, build_view, confidence_gap
 
     view = build_view(report)
@@ -141,7 +140,7 @@ def _summary(report: Report, paths: list[Path]) -> None:
         f"{f' ({view.plan})' if view.plan else ''}; stopped: {report.stopped_reason}"
         f"{f' ({gap})' if gap else ''}"
     )
-    if unsettled(report) and view.headroom:
+    if view.headroom_warn and view.headroom:
         typer.echo(view.headroom)
     for nm in report.nearest_misses:
         typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")

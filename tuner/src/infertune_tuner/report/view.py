@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from infertune_tuner.metrics import latency_metric
-from infertune_tuner.report.headroom import headroom_line
+from infertune_tuner.report.headroom import headroom_line, unsettled
 from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.result import ConfigOut, MeasuredConfig, Metrics, Report, Trial
 from infertune_tuner.stop import StopKind
@@ -75,6 +75,7 @@ class View:
     plan: str  # why the executed trials ran, e.g. "6 explore, 2 cover, 2 confirm"
     track: str | None  # how often the chances the search acted on came true (track_record)
     headroom: str | None  # the room the chosen configuration leaves inside each bound
+    headroom_warn: bool  # some bound is met only within run-to-run noise (headroom.unsettled)
 
 
 def _config(c: ConfigOut) -> str:
@@ -335,6 +336,7 @@ def build_view(report: Report) -> View:
         plan=plan(report),
         track=track_record(report),
         headroom=headroom_line(report),
+        headroom_warn=bool(unsettled(report)),
     )
 
 
