@@ -61,7 +61,7 @@ def describe_violations(checks: list[SloCheck]) -> list[str]:
             out.append(f"{OBJECTIVE.label} {c.value_ms:.0f} < {c.limit_ms:g}")
         else:
             label = latency_metric(c.metric).label
-            over = c.value_ms / c.limit_ms - 1
+            over = -headroom(c)
             out.append(
                 f"{label} {c.percentile} {c.value_ms:.0f} ms > {c.limit_ms:g} ms (+{over:.0%})"
             )
