@@ -36,7 +36,10 @@ stated chance and per family (`chance_outcomes`).
     python benchmarks/tuner_efficiency.py [--seeds 5] [--budget 40] [--jobs 2]
         [--samplers auto,tpe,random,grid] [--families admission,...,dev-vllm]
         [--hyperprior lofo|shipped] [--kernel-luck SD] [--run-noise SD] [--set NAME=VALUE]
-        [--verbose] [--csv FILE]
+        [--oracle find|lookahead] [--verbose] [--csv FILE]
+
+`--oracle MODE` scores `auto` with explorations that know the truth (oracle.py): how many of a
+family's trials are the finding, and how many a proof no choice of trials could shorten.
 
 `--kernel-luck SD` and `--run-noise SD` are stress tests of forms nobody fitted or tuned on,
 scored with the shipped hyperprior: every configuration of every scored world runs a fixed
@@ -67,7 +70,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worldset import ALL_FAMILIES, FIT_FAMILIES, Truth, World, truth_of, worlds, write_csv
+from oracle import MODES, Mode, oracle_factory
+from worldset import (
+    ALL_FAMILIES,
+    FIT_FAMILIES,
+    REACH,
+    Truth,
+    World,
+    truth_of,
+    worlds,
+    write_csv,
+)
 
 from infertune_tuner import slo
 from infertune_tuner.backends.simulated import pool_seconds
@@ -76,13 +89,12 @@ from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.report.view import chosen_by_chance
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
-from infertune_tuner.run import prior_predictions, tune
+from infertune_tuner.run import PlannerFactory, prior_predictions, tune
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior, fit_hyperprior
 from infertune_tuner.search.memory_fit import memory_margin, ruled_out
+from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import build_space
-
-REACH = 0.98
 
 
 @dataclass
@@ -295,9 +307,11 @@ def run_world(
     budget: int,
     hyperprior: Hyperprior,
     overrides: dict[str, Any] | None = None,
+    oracle: Mode | None = None,
 ) -> list[tuple[str, Run, str]]:
     """Every sampler on one world: [(sampler, run, verbose line)]; `overrides` replace
-    SearchSettings defaults (--set)."""
+    SearchSettings defaults (--set); `oracle` makes `auto`'s explorations know the truth
+    (oracle.py), reported as sampler `auto-oracle-MODE`."""
     base = world.request("auto", budget)
     space = build_space(base, base.resolve_model(), base.resolve_gpu())
     priors = prior_predictions(base, space)
@@ -312,9 +326,13 @@ def run_world(
         def hook(cfg, m, checks, known, executed=executed) -> None:  # type: ignore[no-untyped-def]
             executed.append(cfg)
 
+        factory: PlannerFactory = Planner
+        if oracle is not None and sampler == "auto":
+            factory = oracle_factory(truth, world.backend(req), oracle)
+            sampler = f"auto-oracle-{oracle}"
         with tempfile.TemporaryDirectory() as tmp:
             report = tune(req, backend=world.backend(req), out_dir=Path(tmp),
-                          on_trial=hook, settings=settings)  # fmt: skip
+                          on_trial=hook, settings=settings, planner_factory=factory)  # fmt: skip
         assert report is not None
         chosen = report.best.config.to_config() if report.best else None
         got, ok, ok_strict = truth.value(chosen)
@@ -347,7 +365,7 @@ def run_world(
         run = Run(world.family, world.name, world.seed, reached, strict,
                   report.executed_trials, wide, confidence, share, surprised, found_at,
                   gpu_minutes(report, priors), chance_outcomes(report, truth, settings.improvement),
-                  headroom_outcomes(report, world, req) if sampler == "auto" else [])  # fmt: skip
+                  headroom_outcomes(report, world, req) if req.tuning.sampler == "auto" else [])  # fmt: skip
         out.append((sampler, run, line))
     return out
 
@@ -416,6 +434,10 @@ def main() -> None:
     ap.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
                     help="score `auto` with a SearchSettings field other than its default "
                          "(repeatable), e.g. --set stop_probability=0.08")  # fmt: skip
+    ap.add_argument("--oracle", choices=MODES,
+                    help="score `auto` with explorations that know the truth (oracle.py): "
+                         "`find` measures the optimum first, `lookahead` also chooses the "
+                         "proof's trials by their actual outcome; everything else is `auto`'s")  # fmt: skip
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--csv", type=Path, help="write every run's outcome here")
     ap.add_argument("--cache", type=Path,
@@ -460,7 +482,16 @@ def main() -> None:
             args.cache.write_bytes(pickle.dumps(cache))
         print(f"truths and hyperpriors: {time.perf_counter() - started:.0f} s", file=sys.stderr)
         futures = [
-            pool.submit(run_world, w, t, samplers, args.budget, priors[w.family], dict(args.set))
+            pool.submit(
+                run_world,
+                w,
+                t,
+                samplers,
+                args.budget,
+                priors[w.family],
+                dict(args.set),
+                args.oracle,
+            )
             for w, t in zip(scored, truths[: len(scored)], strict=True)
         ]
         results: dict[str, list[Run]] = defaultdict(list)
@@ -473,6 +504,7 @@ def main() -> None:
     luck += f"; own families' roughness sd {rough:g}" if rough else ""
     luck += f"; run noise sd {args.run_noise:g}" if args.run_noise else ""
     luck += "".join(f"; {k}={v}" for k, v in args.set)
+    luck += f"; oracle: {args.oracle}" if args.oracle else ""
     print(f"{len(scored)} worlds per sampler ({', '.join(families)}; {args.seeds} seeds{luck}); "
           f"hyperprior: {args.hyperprior}; budget {args.budget}; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip

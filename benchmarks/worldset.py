@@ -70,6 +70,7 @@ FIT_FAMILIES = tuple(f for f in ALL_FAMILIES if f not in HELD_OUT_FAMILIES)
 B11 = [1, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 B12 = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 SLO_TOLERANCE = 0.02  # a chosen configuration may miss a bound by this much in truth
+REACH = 0.98  # a run reaches the optimum when its choice's true tok/s/GPU is this share of it
 NOISE_RUNS = 5  # extra runs of each configuration near a bound, to size its resolution zone
 # Run-to-run noise of a replayed dev table (log sd): the own families' base noise (1-2 % on a
 # p50, tails wider), as real servers show at a fixed concurrency.

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import optuna
 
@@ -40,6 +41,20 @@ from infertune_tuner.study_report import build_report
 log = logging.getLogger(__name__)
 REPORTED = "reported_at"  # study attribute: the executed trials when the report was written
 OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
+
+
+class PlannerFactory(Protocol):
+    """What builds a study's planner: `Planner` itself, or a subclass's builder."""
+
+    def __call__(
+        self,
+        request: TuningRequest,
+        space: SearchSpace,
+        priors: dict[TrialConfig, Prediction],
+        *,
+        seed: int,
+        settings: SearchSettings | None,
+    ) -> Planner: ...
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,7 @@ def tune(
     on_trial: OnTrial | None = None,
     gpus: int | None = None,
     settings: SearchSettings | None = None,
+    planner_factory: PlannerFactory = Planner,
 ) -> Report | None:
     """Run (or resume) the study for `request` and return the report (not yet written).
 
@@ -91,6 +107,8 @@ def tune(
         gpus: The GPUs this worker holds (triton backend): trials are packed into them, as
             many at once as the smallest TP of the space fits (see packing.py).
         settings: The search's constants (default: `SearchSettings()`, each with its evidence).
+        planner_factory: Builds the search's planner from (request, space, priors, seed=,
+            settings=); the benchmark's oracle (benchmarks/oracle.py) is the one other.
 
     Returns:
         The report: every trial, the best feasible configuration (or the nearest misses) and
@@ -140,7 +158,7 @@ def tune(
         # One folder, one study: never start a second one where an earlier report lies.
         refuse_another_study(out_dir, storage, identity, shared=shared)
         backends.extend(backend_factory(i) for i in range(workers))
-        planner = Planner(request, space, priors, seed=seed, settings=settings)
+        planner = planner_factory(request, space, priors, seed=seed, settings=settings)
         run_id = uuid.uuid4().hex
         sampler = make_sampler(request, space, planner, scope=None if shared else run_id, seed=seed)
         study = optuna.create_study(
