@@ -1,4 +1,4 @@
-"""The fewest trials a search could need with `auto`'s posterior: an exploration that knows the truth.
+"""How few trials `auto`'s posterior lets a search spend: explorations that know the truth.
 
 The search's trial count has two parts: finding the optimum, and the proof after it (measuring
 until P(an untried configuration beats the best) < 5 %, covering every structure that could hold
