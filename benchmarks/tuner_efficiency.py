@@ -39,7 +39,7 @@ stated chance and per family (`chance_outcomes`).
         [--oracle find|lookahead] [--verbose] [--csv FILE]
 
 `--oracle MODE` scores `auto` with explorations that know the truth (oracle.py): how many of a
-family's trials are the finding, and how many a proof no choice of trials could shorten.
+family's trials are the finding, and how many the proof that choosing better barely shortens.
 
 `--kernel-luck SD` and `--run-noise SD` are stress tests of forms nobody fitted or tuned on,
 scored with the shipped hyperprior: every configuration of every scored world runs a fixed
