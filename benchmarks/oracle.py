@@ -24,47 +24,33 @@ much the proof that no choice of trials could shorten without a posterior that d
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from worldset import REACH, Truth
 
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.perfmodel.latency import Prediction
-from infertune_tuner.request import TuningRequest
 from infertune_tuner.run import PlannerFactory
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.planner import Assessment, Planner
-from infertune_tuner.search.settings import SearchSettings
-from infertune_tuner.space import SearchSpace
 
 Mode = Literal["find", "lookahead"]
 MODES: tuple[Mode, ...] = ("find", "lookahead")
-# Candidates the lookahead tries per exploration, by P(beats the best): 6 and 10 gave the same
-# medians on mixed and dev-synthetic; each costs one posterior fit per exploration.
+# Candidates the lookahead tries per exploration, by P(beats the best), besides the coverage
+# targets. Each costs a posterior fit: 10 makes the 585-run benchmark take 18 minutes on 2
+# cores. A first version trying 6 and no coverage targets gave medians 9 and 11 on mixed and
+# dev-synthetic (8.5 and 10 with these).
 LOOKAHEAD = 10
 
 
 class OraclePlanner(Planner):
-    """`auto`'s planner whose explorations know the truth (module docstring)."""
+    """`auto`'s planner whose explorations know the truth (module docstring); built by
+    `oracle_factory`, which gives it the world's truth, its pool and the mode."""
 
-    def __init__(
-        self,
-        truth: Truth,
-        probe: BenchmarkBackend,
-        mode: Mode,
-        request: TuningRequest,
-        space: SearchSpace,
-        priors: dict[TrialConfig, Prediction],
-        *,
-        seed: int = 0,
-        settings: SearchSettings | None = None,
-    ) -> None:
-        super().__init__(request, space, priors, seed=seed, settings=settings)
-        self.truth = truth
-        self.probe = probe  # the world's pool, to draw a candidate's first run as a trial would
-        self.mode = mode
+    truth: Truth
+    probe: BenchmarkBackend  # the world's pool, to draw a candidate's first run as a trial would
+    mode: Mode
 
     def _reaches(self, cfg: TrialConfig | None) -> bool:
         got, ok, _ = self.truth.value(cfg)
@@ -99,18 +85,12 @@ class OraclePlanner(Planner):
 
 
 def oracle_factory(truth: Truth, probe: BenchmarkBackend, mode: Mode) -> PlannerFactory:
-    """A `tune(planner_factory=...)` that builds the oracle planner for one world."""
+    """A `tune(planner_factory=...)` that builds the oracle planner for one world: `Planner`'s
+    own arguments, and what the oracle knows."""
 
-    def build(
-        request: TuningRequest,
-        space: SearchSpace,
-        priors: dict[TrialConfig, Prediction],
-        *,
-        seed: int,
-        settings: SearchSettings | None,
-    ) -> Planner:
-        return OraclePlanner(
-            truth, probe, mode, request, space, priors, seed=seed, settings=settings
-        )
+    def build(*args: Any, **kwargs: Any) -> Planner:
+        planner = OraclePlanner(*args, **kwargs)
+        planner.truth, planner.probe, planner.mode = truth, probe, mode
+        return planner
 
     return build
