@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import OBJECTIVE, latency_metric
@@ -83,8 +84,8 @@ def room(c: SloCheck, noise: float, repeats: int) -> Headroom:
     value, limit = max(c.value_ms, 1e-9), c.limit_ms
     log_room = math.log(value / limit) if c.metric == OBJECTIVE.key else math.log(limit / value)
     sd = max(noise, 1e-9) * math.sqrt(1 + 1 / max(repeats, 1))
-    p = 0.5 * (1 + math.erf(log_room / sd / math.sqrt(2)))
     return Headroom(
-        bound=c.bound, metric=c.metric, percentile=c.percentile, value_ms=c.value_ms, limit_ms=limit, headroom=round(headroom(c), 4),
-        noise=round(noise, 4), p_meets=round(p, 4), settled=log_room >= SETTLED_SDS * sd,
+        bound=c.bound, metric=c.metric, percentile=c.percentile, value_ms=c.value_ms,
+        limit_ms=limit, headroom=round(headroom(c), 4), noise=round(noise, 4),
+        p_meets=round(NormalDist().cdf(log_room / sd), 4), settled=log_room >= SETTLED_SDS * sd,
     )  # fmt: skip
