@@ -49,7 +49,7 @@ from infertune_tuner.search.records import (
     current_trials,
     known_from,
 )
-from infertune_tuner.search.residuals import residuals
+from infertune_tuner.search.residuals import check_key, residuals
 from infertune_tuner.search.untried import untried_groups
 from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import StopKind, StopReason
@@ -104,7 +104,7 @@ def headroom(
     reps = residuals(request, priors, known).repeats
     out = []
     for c in known.checks.get(cfg, []):
-        key = "tps" if c.metric == OBJECTIVE.key else f"{c.metric}/{c.percentile}"
+        key = check_key(c)
         out.append(slo.room(c, learned_noise(key, reps.get(key, [])), known.repeats(cfg)))
     return out
 

@@ -29,9 +29,10 @@ import math
 from dataclasses import dataclass
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.metrics import latency_metric
+from infertune_tuner.metrics import OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import SloBound, TuningRequest
+from infertune_tuner.result import SloCheck
 from infertune_tuner.search.evidence import Known
 from infertune_tuner.search.model import Observation
 
@@ -44,7 +45,17 @@ def tie(key: str) -> float:
 
 def bound_key(b: SloBound) -> str:
     """The posterior quantity of one SLO bound, e.g. 'e2e_ms/p95'."""
-    return f"{b.metric}/{b.percentile}"
+    return _quantity(b.metric, b.percentile)
+
+
+def check_key(c: SloCheck) -> str:
+    """The posterior quantity one SLO check measures: 'tps' for the tok/s/GPU floor, else its
+    bound's (bound_key)."""
+    return "tps" if c.metric == OBJECTIVE.key else _quantity(c.metric, c.percentile)
+
+
+def _quantity(metric: str, percentile: str) -> str:
+    return f"{metric}/{percentile}"
 
 
 def predicted(p: Prediction, b: SloBound) -> float:
