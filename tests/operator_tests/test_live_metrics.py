@@ -246,8 +246,8 @@ async def test_a_prometheus_server_gives_the_deployments_pods_summed() -> None:
 
 
 def test_the_operator_keeps_the_tuners_noise_and_warm_up() -> None:
-    """The operator copies two of the tuner's numbers instead of importing the search and the
-    trial backend (which would load numpy, scipy and gRPC into it): they must stay equal."""
+    """The operator reads the tuner's noise prior and copies two of its numbers instead of
+    importing the trial backend (which would load gRPC into it): they must stay equal."""
     from infertune_operator import verification
     from infertune_tuner.backends import triton
     from infertune_tuner.harness import runner

@@ -3,7 +3,7 @@
 One place decides it for the verification after rollout (is the serving pod BelowTuned?) and for
 a retune (does the new configuration beat the serving one?). The noise is the tuner's own: its
 posterior assumes a run-to-run noise of tok/s/GPU of sigma = 3 % on the log scale for one benchmark
-run (``infertune_tuner.search.model.NOISE["tps"]``; learned per study from repeats, never below
+run (``infertune_tuner.defaults.RUN_NOISE["tps"]``; learned per study from repeats, never below
 it). Two independent runs, averaged over n_a and n_b repeats, differ in log by a normal error of
 standard deviation sigma·sqrt(1/n_a + 1/n_b); a difference beyond :data:`Z` of those is more than
 noise: one-sided, a healthy verification is flagged in about 2.3 % of rollouts.
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 
+from infertune_tuner.defaults import RUN_NOISE
+
 Z = 2.0  # standard deviations: one-sided false alarm rate 2.3 %
-# infertune_tuner.search.model.NOISE["tps"], copied: importing the search would load numpy and
-# scipy into the operator (70 MiB) for one number; a test keeps the two equal.
-TPS_NOISE = 0.03
+TPS_NOISE = RUN_NOISE["tps"]
 
 
 def log_margin(runs_a: int = 1, runs_b: int = 1, sigma: float = TPS_NOISE) -> float:

@@ -28,6 +28,11 @@ SEED: Final = 0
 # download of a 70B model (140 GB) and its load can take well over half an hour. The serving
 # pod's startup probe and every real trial wait this long.
 STARTUP_TIMEOUT_MINUTES: Final = 60
+# Run-to-run noise of one benchmark run (log standard deviation) per quantity: tok/s/GPU and each
+# latency percentile. The search's posterior starts from it and learns a study's own from repeats
+# (never below it), so a pool noisier than this is found out; the operator's drift and
+# verification checks read the tok/s/GPU entry (docs/tuning.md, the posterior's noise).
+RUN_NOISE: Final = {"tps": 0.03, "p50": 0.04, "p95": 0.06, "p99": 0.09}
 
 MAX_GPUS_PER_REPLICA: Final = 8
 MAX_ACCURACY_LOSS_PERCENT: Final = 1.0

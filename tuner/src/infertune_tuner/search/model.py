@@ -48,6 +48,7 @@ from scipy.special import ndtr
 
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.defaults import RUN_NOISE
 from infertune_tuner.search.hyperprior import KindPrior
 from infertune_tuner.search.kernel import Hyper, kernel, prior_variance
 
@@ -57,7 +58,7 @@ FEATURES = ("batch", "tp", "weight width", "compute path", "kv width")
 _COMPUTE_LEVEL = {"bf16": 0.0, "fp8": -1.0, "fp4": -2.0}
 _JITTER = 1e-9
 # Run-to-run noise (log scale) of one measurement of each kind of quantity.
-NOISE = {"tps": 0.03, "p50": 0.04, "p95": 0.06, "p99": 0.09}
+NOISE = RUN_NOISE
 NOISE_PRIOR_WEIGHT = 3.0  # the prior noise counts as this many degrees of freedom
 PARTICLES = 64  # hyperparameter settings weighed per quantity
 KEEP_MASS = 0.999  # the mixture keeps the heaviest settings holding this much weight ...
