@@ -44,6 +44,7 @@ from worldset import (
     worlds,
 )
 
+from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.latency import predict
 from infertune_tuner.search.hyperprior import (
     FIT_NOISE,
@@ -51,8 +52,7 @@ from infertune_tuner.search.hyperprior import (
     fit_hyperprior,
     roughness_likelihood,
 )
-from infertune_tuner.search.model import FEATURES
-from infertune_tuner.search.residuals import tie
+from infertune_tuner.search.posterior import FEATURES
 from infertune_tuner.space import build_space
 
 OUT = Path(__file__).resolve().parents[1] / "tuner/src/infertune_tuner/search/hyperprior.json"
@@ -94,7 +94,8 @@ def ties(truths: list[Truth], families: list[str]) -> list[str]:
                 continue
             if not np.allclose(f.x, base.x):
                 continue
-            err = f.y + tie(kind) * base.y  # the whole latency error (fields hold its own part)
+            tie = latency_metric(kind).throughput_tie
+            err = f.y + tie * base.y  # the whole latency error (fields hold its own part)
             slope = float(np.polyfit(base.y, err, 1)[0])
             corr = float(np.corrcoef(base.y, err)[0, 1])
             rows.setdefault((fam, kind), []).append(

@@ -29,11 +29,13 @@ from typing import Any, Literal
 import numpy as np
 from worldset import REACH, Truth
 
+from infertune_tuner import defaults
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.run import PlannerFactory
-from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.planner import Assessment, Planner
+from infertune_tuner.search.evidence import Evidence
+from infertune_tuner.search.planner import Planner, gaps
+from infertune_tuner.search.posterior import Assessment, assess
+from infertune_tuner.search.sampler import PlannerFactory
 
 Mode = Literal["find", "lookahead"]
 MODES: tuple[Mode, ...] = ("find", "lookahead")
@@ -56,31 +58,31 @@ class OraclePlanner(Planner):
         got, ok, _ = self.truth.value(cfg)
         return ok and got >= REACH * self.truth.optimum
 
-    def explore_pick(self, known: Known, a: Assessment) -> TrialConfig:
+    def explore_pick(self, a: Assessment) -> TrialConfig:
         if not self._reaches(a.best):
             found = [c for c in a.candidates if self._reaches(c)]
             if found:
                 return max(found, key=lambda c: self.truth.value(c)[0])
         if self.mode == "find":
-            return super().explore_pick(known, a)
+            return super().explore_pick(a)
         n = len(a.candidates)
         tries = [a.candidates[int(i)] for i in np.argsort(-a.p_beat[:n], kind="stable")]
         tries = tries[:LOOKAHEAD]
-        tries += [g.target for g in self.gaps(known, a) if g.target not in tries]
-        return min(tries, key=lambda c: self._left_to_prove(known, c))
+        tries += [g.target for g in gaps(a, self.prior, self.settings) if g.target not in tries]
+        return min(tries, key=lambda c: self._left_to_prove(a.evidence, c))
 
-    def _left_to_prove(self, known: Known, cfg: TrialConfig) -> float:
+    def _left_to_prove(self, ev: Evidence, cfg: TrialConfig) -> float:
         """What is left to prove once `cfg` is measured (its first run): P(an untried
         configuration beats the best) in units of the stop threshold, plus the structures still
         to cover once that chance is within twice the threshold."""
-        runs = {c: list(ms) for c, ms in known.runs.items()}
-        runs[cfg] = [self.probe.run(cfg, repeat=0)]
-        after = Known.build(self.request, runs, covers=known.covers)
-        a = self.assess(after)
+        runs = {**ev.runs, cfg: (self.probe.run(cfg, repeat=0),)}
+        after = Evidence(self.prior.request, runs, covers=ev.covers)
+        seed = self.prior.request.tuning.seed
+        a = assess(after, self.prior, self.settings, seed=defaults.SEED if seed is None else seed)
         stop = self.settings.stop_probability
         left = a.p_untried / stop
         if a.p_untried < 2 * stop:
-            left += len(self.gaps(after, a))
+            left += len(gaps(a, self.prior, self.settings))
         return left
 
 

@@ -46,6 +46,7 @@ from infertune_operator.api.manifest import load_deployment
 from infertune_operator.api.to_request import to_request
 from infertune_tuner.backends.simulated import TIME_SCALE_ENV, SimulatedBackend
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.search.evidence import Decision
 
 REPO = Path(__file__).resolve().parents[1]
 INFERTUNE = Path(sys.executable).parent / "infertune"
@@ -71,9 +72,15 @@ def config_of(t: optuna.trial.FrozenTrial) -> TrialConfig:
     return TrialConfig(c["tp"], c["max_batch_size"], c["quantization"], c["kv_cache_dtype"])
 
 
+def _purpose(t: optuna.trial.FrozenTrial) -> str:
+    """Why the sampler chose the trial (explore, confirm, ...)."""
+    d = Decision.of(t)
+    return d.purpose if d is not None else "explore"
+
+
 def duplicates(trials: list[optuna.trial.FrozenTrial]) -> int:
-    first = Counter(config_of(t) for t in trials if t.user_attrs.get("purpose") != "confirm")
-    confirms = Counter(config_of(t) for t in trials if t.user_attrs.get("purpose") == "confirm")
+    first = Counter(config_of(t) for t in trials if _purpose(t) != "confirm")
+    confirms = Counter(config_of(t) for t in trials if _purpose(t) == "confirm")
     return sum(n - 1 for n in first.values()) + sum(n - 1 for n in confirms.values())
 
 

@@ -89,10 +89,11 @@ from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.report.view import chosen_by_chance
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
-from infertune_tuner.run import PlannerFactory, prior_predictions, tune
+from infertune_tuner.run import prior_predictions, tune
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior, fit_hyperprior
-from infertune_tuner.search.memory_fit import memory_margin, ruled_out
 from infertune_tuner.search.planner import Planner
+from infertune_tuner.search.posterior import memory_margin
+from infertune_tuner.search.sampler import PlannerFactory
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import build_space
 
@@ -339,7 +340,7 @@ def run_world(
         # Where nothing meets the SLO, choosing nothing is right too.
         reached = (chosen is None and truth.optimum == 0.0) or _reaches(got, ok, truth.optimum)
         strict = (chosen is None and truth.strict == 0.0) or _reaches(got, ok_strict, truth.strict)
-        wide = sum(1 for c in executed if ruled_out(margins[c]))
+        wide = sum(1 for c in executed if margins[c] < -settings.wide_margin)
         found_at = next(
             (i for i, c in enumerate(executed, 1) if _reaches(*truth.value(c)[:2], truth.optimum)),
             None,
@@ -389,7 +390,7 @@ def _setting(text: str) -> tuple[str, float | int | bool]:
     kinds = {  # a field's type is its annotation's text (settings.py postpones annotations)
         f.name: f.type if isinstance(f.type, str) else f.type.__name__
         for f in dataclasses.fields(SearchSettings)
-        if f.name != "hyperprior"
+        if f.name not in ("hyperprior", "run_noise")
     }
     if not sep or name not in kinds:
         raise argparse.ArgumentTypeError(

@@ -50,8 +50,7 @@ from infertune_tuner.request import (
 )  # fmt: skip
 from infertune_tuner.run import prior_predictions
 from infertune_tuner.search.hyperprior import Field
-from infertune_tuner.search.model import features
-from infertune_tuner.search.residuals import tie
+from infertune_tuner.search.posterior import features
 from infertune_tuner.space import build_space
 
 DEV_WORLDS = Path(__file__).resolve().parent / "dev-worlds"
@@ -387,8 +386,9 @@ def truth_of(world: World) -> Truth:
             want = latency_metric(b.metric).of(p).get(b.percentile)
             if got is not None and want > 0:
                 key = f"{b.metric}/{b.percentile}"
-                # What the posterior models for the bound: its own part (residuals.tie).
-                own = math.log(got.get(b.percentile) / want) - tie(key) * tps_err
+                # What the posterior models for the bound: its own part (the metric's tie).
+                tie = latency_metric(b.metric).throughput_tie
+                own = math.log(got.get(b.percentile) / want) - tie * tps_err
                 rows.setdefault(key, []).append((x, own))
     for key, pts in rows.items():
         kind = key.split("/", 1)[0]

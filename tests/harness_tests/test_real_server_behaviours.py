@@ -36,7 +36,7 @@ from infertune_tuner.pymodel.responses import ResponsePlan
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import SERVED_MODEL, Ports
 from infertune_tuner.runtime.local_triton import MODEL_PY, LocalTritonRuntime
-from infertune_tuner.search.plausibility import judged
+from infertune_tuner.search.evidence import judge
 from infertune_tuner.search.settings import SearchSettings
 
 BATCH = 4
@@ -285,7 +285,7 @@ def test_a_trial_that_stops_early_is_judged_invalid(tmp_path: Path, trial_reques
     m, backend = trial(tmp_path, request, **BEHAVIOURS["eos"])
     assert m.status == "ok" and m.output_tokens_mean == 4
     s = SearchSettings()
-    verdict = judged(
+    verdict = judge(
         m, CONFIG, model=request.resolve_model(), gpu=request.resolve_gpu(),
         output_tokens=OUTPUT, margin=s.plausible_margin, short_output=s.short_output,
         speedup=backend.speedup,

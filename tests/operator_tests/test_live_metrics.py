@@ -251,8 +251,8 @@ def test_the_operator_keeps_the_tuners_noise_and_warm_up() -> None:
     from infertune_operator import verification
     from infertune_tuner.backends import triton
     from infertune_tuner.harness import runner
-    from infertune_tuner.search.model import NOISE
+    from infertune_tuner.search.settings import SearchSettings
 
-    assert NOISE["tps"] == noise.TPS_NOISE
+    assert SearchSettings().run_noise["tps"] == noise.TPS_NOISE
     assert verification.MAX_WARMUP == triton.MAX_WARMUP
     assert verification.MAX_ERROR_SHARE == runner.MAX_ERROR_FRACTION

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import (
@@ -13,6 +15,10 @@ from infertune_tuner.request import (
     TuningRequest,
     WorkloadShape,
 )  # fmt: skip
+from infertune_tuner.search.evidence import Decision, Evidence
+from infertune_tuner.search.planner import Gap, Planner, gaps
+from infertune_tuner.search.posterior import Assessment, Prior, Ruling, assess, verdicts
+from infertune_tuner.search.settings import SearchSettings
 
 
 def request(
@@ -68,3 +74,41 @@ class CountingBackend:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class Core:
+    """The search's pure core for one request, as the `auto` sampler builds it (its prior,
+    settings and planner): what a test drives by hand instead of through a study."""
+
+    def __init__(self, req: TuningRequest, settings: SearchSettings | None = None) -> None:
+        from infertune_tuner.run import prior_predictions
+        from infertune_tuner.space import build_space
+
+        self.request = req
+        self.settings = (settings or SearchSettings()).with_confidence(req.tuning.confidence)
+        space = build_space(req, req.resolve_model(), req.resolve_gpu())
+        self.prior = Prior.build(req, space, prior_predictions(req, space), self.settings)
+        self.planner = Planner(self.prior, self.settings, max_trials=req.tuning.max_trials)
+
+    def evidence(
+        self,
+        runs: Mapping[TrialConfig, Sequence[Measurement]],
+        in_flight: Iterable[TrialConfig] = (),
+        covers: Iterable[TrialConfig] = (),
+    ) -> Evidence:
+        return Evidence(
+            self.request, {c: tuple(ms) for c, ms in runs.items()}, frozenset(in_flight),
+            tuple(covers),
+        )  # fmt: skip
+
+    def assess(self, ev: Evidence, **kwargs: bool) -> Assessment:
+        return assess(ev, self.prior, self.settings, **kwargs)
+
+    def decide(self, ev: Evidence, remaining: int | None = None) -> Decision:
+        return self.planner.decide(ev, self.assess(ev), remaining=remaining)
+
+    def gaps(self, ev: Evidence) -> list[Gap]:
+        return gaps(self.assess(ev), self.prior, self.settings)
+
+    def ruling(self, cfg: TrialConfig, ev: Evidence) -> Ruling | None:
+        return verdicts(ev, self.prior, self.settings)[cfg]

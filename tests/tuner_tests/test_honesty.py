@@ -3,6 +3,7 @@ samplers that stop when nothing is left to measure."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -15,25 +16,21 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.report.markdown import render_markdown
 from infertune_tuner.request import SloBound
-from infertune_tuner.run import prior_predictions, tune
-from infertune_tuner.search.classify import Exclusion
-from infertune_tuner.search.coverage import CoverageInput, could_win
-from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.planner import Planner
-from infertune_tuner.search.plausibility import decode_bound, judged
+from infertune_tuner.run import tune
+from infertune_tuner.search.evidence import Evidence, decode_bound, judge
+from infertune_tuner.search.planner import Structure, could_win
+from infertune_tuner.search.posterior import TPS, Bound, Exclusion, QuantityKey
 from infertune_tuner.search.settings import SearchSettings
-from infertune_tuner.space import build_space
 from infertune_tuner.stop import StopKind
 
-from .helpers import CountingBackend, request
+from .helpers import Core, CountingBackend, request
 
 LOOSE = 10_000_000  # an E2E bound nothing misses: throughput alone decides
 
 
-def _planner(req):  # type: ignore[no-untyped-def]
-    space = build_space(req, req.resolve_model(), req.resolve_gpu())
-    priors = prior_predictions(req, space)
-    return Planner(req, space, priors, seed=0), priors
+def _planner(req, settings: SearchSettings | None = None):  # type: ignore[no-untyped-def]
+    core = Core(req, settings)
+    return core, core.prior.predictions
 
 
 def _as_predicted(p: Prediction, tps_factor: float) -> Measurement:
@@ -47,7 +44,7 @@ def _as_predicted(p: Prediction, tps_factor: float) -> Measurement:
 
 
 def _measured(req, priors, configs, factor):  # type: ignore[no-untyped-def]
-    return Known.build(req, {c: [_as_predicted(priors[c], factor)] for c in configs})
+    return Evidence(req, {c: (_as_predicted(priors[c], factor),) for c in configs})
 
 
 TP2 = [TrialConfig(2, b, "fp8", "auto") for b in (32, 64, 128)]
@@ -58,14 +55,15 @@ def test_a_run_that_finds_the_model_2x_off_does_not_stop_before_covering_the_str
     planner, priors = _planner(req)
     wrong = _measured(req, priors, TP2, 2.0)  # the model is 2x off wherever it measured
     right = _measured(req, priors, TP2, 1.0)
-    holes_wrong = planner.gaps(wrong, planner.assess(wrong))
-    holes_right = planner.gaps(right, planner.assess(right))
+    holes_wrong = planner.gaps(wrong)
+    holes_right = planner.gaps(right)
     # Under a 2x error, more TP sizes and quantizations could hold the optimum.
     assert len(holes_wrong) > len(holes_right)
     assert {g.structure.label() for g in holes_wrong} >= {"TP1", "TP4"}
     # A structure is covered by a measurement near its predicted best.
     for g in holes_wrong:
-        assert g.structure.holds(g.target) and g.target not in wrong.measured
+        assert g.structure in Structure.of(g.target, planner.prior)
+        assert g.target not in wrong.measured
     d = planner.decide(wrong, remaining=30)
     assert d.stop is None, "no confident stop while a structure that could win is unmeasured"
 
@@ -74,15 +72,13 @@ def test_a_covered_structure_is_no_gap() -> None:
     req = request(e2e_p95=LOOSE, max_trials=40)
     planner, priors = _planner(req)
     known = _measured(req, priors, TP2, 2.0)
-    gap = planner.gaps(known, planner.assess(known))[0]
-    covered = Known.build(
+    gap = planner.gaps(known)[0]
+    covered = Evidence(
         req,
-        {**known.runs, gap.target: [_as_predicted(priors[gap.target], 2.0)]},
-        covers=[gap.target],
+        {**known.runs, gap.target: (_as_predicted(priors[gap.target], 2.0),)},
+        covers=(gap.target,),
     )
-    assert gap.structure not in {
-        g.structure for g in planner.gaps(covered, planner.assess(covered))
-    }
+    assert gap.structure not in {g.structure for g in planner.gaps(covered)}
 
 
 def test_a_structure_whose_cover_missed_the_slo_is_covered_once_more_below_it() -> None:
@@ -93,14 +89,12 @@ def test_a_structure_whose_cover_missed_the_slo_is_covered_once_more_below_it() 
     loose = request(e2e_p95=LOOSE, max_trials=40)
     planner, priors = _planner(loose)
     known = _measured(loose, priors, TP2, 2.0)
-    first = planner.gaps(known, planner.assess(known))[0]
+    first = planner.gaps(known)[0]
     # Bound E2E at what the model predicts for that first target; its cover runs 1.5x over it.
     req = request(e2e_p95=priors[first.target].e2e_ms.p95, max_trials=40)
     planner, priors = _planner(req)
     known = _measured(req, priors, TP2, 2.0)
-    gap = next(
-        g for g in planner.gaps(known, planner.assess(known)) if g.structure == first.structure
-    )
+    gap = next(g for g in planner.gaps(known) if g.structure == first.structure)
 
     def missed(c: TrialConfig) -> Measurement:
         e2e = priors[c].e2e_ms
@@ -109,15 +103,14 @@ def test_a_structure_whose_cover_missed_the_slo_is_covered_once_more_below_it() 
             output_tokens_per_s_per_gpu=priors[c].output_tokens_per_s_per_gpu * 2.0,
         )
 
-    once = Known.build(req, {**known.runs, gap.target: [missed(gap.target)]}, covers=[gap.target])
-    again = [g for g in planner.gaps(once, planner.assess(once)) if g.structure == gap.structure]
+    once = Evidence(req, {**known.runs, gap.target: (missed(gap.target),)}, covers=(gap.target,))
+    again = [g for g in planner.gaps(once) if g.structure == gap.structure]
     assert again and again[0].target.max_batch_size < gap.target.max_batch_size
-    capped = Planner(req, build_space(req, req.resolve_model(), req.resolve_gpu()), priors,
-                     settings=SearchSettings(max_covers=1))  # fmt: skip
-    assert gap.structure not in {g.structure for g in capped.gaps(once, capped.assess(once))}
+    capped, _ = _planner(req, SearchSettings(max_covers=1))
+    assert gap.structure not in {g.structure for g in capped.gaps(once)}
     second = again[0].target
-    twice = Known.build(req, {**once.runs, second: [missed(second)]}, covers=[gap.target, second])
-    assert gap.structure not in {g.structure for g in planner.gaps(twice, planner.assess(twice))}
+    twice = Evidence(req, {**once.runs, second: (missed(second),)}, covers=(gap.target, second))
+    assert gap.structure not in {g.structure for g in planner.gaps(twice)}
 
 
 def test_a_search_on_a_pool_unlike_its_model_covers_and_still_finds_the_optimum(
@@ -148,7 +141,7 @@ def _ok(tps: float, mean: float | None = None, e2e_ms: float = 1000) -> Measurem
 
 def _judge(m: Measurement, speedup: float = 1.0) -> Measurement:
     s = SearchSettings()
-    return judged(m, CFG, model=LLAMA70, gpu=H100, output_tokens=512,
+    return judge(m, CFG, model=LLAMA70, gpu=H100, output_tokens=512,
                   margin=s.plausible_margin, short_output=s.short_output, speedup=speedup)  # fmt: skip
 
 
@@ -173,8 +166,8 @@ def test_an_invalid_measurement_is_never_the_best_and_rules_nothing_out() -> Non
     req = request()
     planner, _ = _planner(req)
     bogus = _ok(9000).invalid("above the decode bound")
-    known = Known.build(req, {CFG: [bogus]})
-    assert known.best() is None and known.feasible() == {}
+    known = Evidence(req, {CFG: (bogus,)})
+    assert known.best is None and known.feasible == {}
     larger = TrialConfig(2, 32, "fp8", "auto")
     twin = TrialConfig(2, 16, "fp8", "fp8")
     assert planner.ruling(larger, known) is None
@@ -196,19 +189,23 @@ def test_one_classifier_partitions_the_space_for_the_search_and_the_report() -> 
     oom = TrialConfig(4, 64, "fp16", "auto")
     slow = TrialConfig(4, 64, "fp8", "auto")
     fast = TrialConfig(2, 16, "fp16", "auto")
-    known = Known.build(req, {
-        oom: [Measurement.failed("oom", "CUDA out of memory")],
-        slow: [_ok(900, e2e_ms=40000)],  # misses E2E p95 <= 25600 ms by far
-        fast: [_ok(700, e2e_ms=9000)],
+    known = Evidence(req, {
+        oom: (Measurement.failed("oom", "CUDA out of memory"),),
+        slow: (_ok(900, e2e_ms=40000),),  # misses E2E p95 <= 25600 ms by far
+        fast: (_ok(700, e2e_ms=9000),),
     })  # fmt: skip
-    cands, ruled = planner.candidates(known)
-    # Every configuration of the memory model's universe is a candidate, measured, or ruled out
-    # with a typed reason; never two of these.
-    assert set(cands) | set(ruled) | set(known.measured) == set(planner.universe)
-    assert not set(cands) & set(ruled)
+    a = planner.assess(known)
+    cands = set(a.candidates)
+    ruled = {c: r for c, r in a.verdicts.items() if r is not None}
+    # Every configuration of the space is a candidate or has a typed reason it is not, never
+    # both; the search's candidates are those of the memory model's universe.
+    assert set(a.verdicts) == set(planner.prior.space.configs)
+    assert cands == {c for c, r in a.verdicts.items() if r is None} & set(planner.prior.universe)
+    assert not cands & set(ruled)
+    assert {c for c, r in ruled.items() if r.exclusion == Exclusion.MEASURED} == set(known.measured)
     kinds = {r.exclusion for r in ruled.values()}
-    assert {Exclusion.OUT_OF_MEMORY, Exclusion.SLO_MISS, Exclusion.TWIN} <= kinds
-    assert oom in planner.universe and ruled[TrialConfig(4, 96, "fp16", "auto")].by == oom
+    assert {Exclusion.MEMORY, Exclusion.OUT_OF_MEMORY, Exclusion.SLO_MISS, Exclusion.TWIN} <= kinds
+    assert oom in planner.prior.universe and ruled[TrialConfig(4, 96, "fp16", "auto")].by == oom
     assert ruled[TrialConfig(4, 128, "fp8", "auto")].by == slow
     assert ruled[TrialConfig(2, 16, "bf16", "auto")].exclusion == Exclusion.TWIN
     # The report reads the same ruling: its sentence names the configuration that decided.
@@ -239,18 +236,18 @@ def test_a_structure_measured_far_below_its_predicted_best_is_still_a_gap() -> N
     req = request(e2e_p95=LOOSE, max_trials=40)
     planner, priors = _planner(req)
     known = _measured(req, priors, TP2, 2.0)
-    gap = planner.gaps(known, planner.assess(known))[0]
+    gap = planner.gaps(known)[0]
     batches = sorted({c.max_batch_size for c in priors})
 
-    def with_neighbour(ratio: float) -> Known:
+    def with_neighbour(ratio: float) -> Evidence:
         b = max(x for x in batches if x <= gap.target.max_batch_size / ratio)
         near = TrialConfig(gap.target.tp, b, gap.target.quantization, gap.target.kv_cache_dtype)
         assert near in priors and near != gap.target
-        return Known.build(req, {**known.runs, near: [_as_predicted(priors[near], 2.0)]})
+        return Evidence(req, {**known.runs, near: (_as_predicted(priors[near], 2.0),)})
 
     far, close = with_neighbour(3.0), with_neighbour(1.5)
-    assert gap.structure in {g.structure for g in planner.gaps(far, planner.assess(far))}
-    assert gap.structure not in {g.structure for g in planner.gaps(close, planner.assess(close))}
+    assert gap.structure in {g.structure for g in planner.gaps(far)}
+    assert gap.structure not in {g.structure for g in planner.gaps(close)}
 
 
 def test_a_tied_latency_moves_with_the_throughput_it_would_need() -> None:
@@ -258,7 +255,7 @@ def test_a_tied_latency_moves_with_the_throughput_it_would_need() -> None:
     also finishes its requests sooner in that world (Little's law): its E2E bound is judged
     there, not at the run's median error."""
     req = request(quants=["fp8"], tps=[2, 4, 8])
-    _, priors = _planner(req)
+    core, priors = _planner(req)
     inc, cfg = TrialConfig(4, 64, "fp8", "auto"), TrialConfig(8, 192, "fp8", "auto")
     others = [TrialConfig(8, 64, "fp8", "auto"), TrialConfig(2, 16, "fp8", "auto"),
               TrialConfig(2, 8, "fp8", "auto")]  # fmt: skip
@@ -269,19 +266,22 @@ def test_a_tied_latency_moves_with_the_throughput_it_would_need() -> None:
     # incumbent (tok/s/GPU error 0.2 + 0.3) has it at x exp(-0.5) = 0.61.
     bound = SloBound(metric="e2e_ms", percentile="p95", max_ms=predicted_e2e * 0.64)
 
-    def data(ties: float) -> CoverageInput:
-        return CoverageInput(
-            universe=list(priors), candidates=[cfg], valid=frozenset(tps),
-            feasible=frozenset([inc]), residuals={"tps": tps, "e2e_ms/p95": e2e},
-            own={"e2e_ms/p95": {c: 0.0 for c in tps}},
-            incumbent=inc, incumbent_tps=priors[inc].output_tokens_per_s_per_gpu * math.exp(0.2),
-            priors=priors, bounds=[("e2e_ms/p95", bound, lambda p: p.e2e_ms.p95, ties)],
-            decode_bound=lambda c: 1e9,
+    key = QuantityKey("e2e_ms", "p95")
+
+    def wins(tie: float) -> bool:
+        prior = dataclasses.replace(
+            core.prior,
+            bounds=(Bound(key, bound, tie, {c: p.e2e_ms.p95 for c, p in priors.items()}),),
+            decode_bound={c: 1e9 for c in priors},
+        )
+        return could_win(
+            cfg, prior, SearchSettings(), best=inc,
+            best_tps=priors[inc].output_tokens_per_s_per_gpu * math.exp(0.2),
+            errors={TPS: tps, key: e2e}, own_errors={key: {c: 0.0 for c in tps}},
         )  # fmt: skip
 
-    s = SearchSettings()
-    assert could_win(cfg, data(-1.0), s.coverage_floor, s.improvement)
-    assert not could_win(cfg, data(0.0), s.coverage_floor, s.improvement)  # judged on its own
+    assert wins(-1.0)
+    assert not wins(0.0)  # judged on its own
 
 
 def test_bf16_and_fp16_weights_are_one_precision_to_the_rules_and_the_coverage() -> None:
@@ -291,9 +291,9 @@ def test_bf16_and_fp16_weights_are_one_precision_to_the_rules_and_the_coverage()
     req = request(e2e_p95=25600, quants=["fp16", "bf16", "fp8"])
     planner, priors = _planner(req)
     slow = TrialConfig(4, 64, "bf16", "auto")
-    known = Known.build(req, {slow: [_ok(900, e2e_ms=40000)]})
+    known = Evidence(req, {slow: (_ok(900, e2e_ms=40000),)})
     ruling = planner.ruling(TrialConfig(4, 96, "fp16", "auto"), known)
     assert ruling is not None and ruling.exclusion == Exclusion.SLO_MISS and ruling.by == slow
     wrong = _measured(req, priors, TP2, 2.0)
-    labels = {g.structure.label() for g in planner.gaps(wrong, planner.assess(wrong))}
+    labels = {g.structure.label() for g in planner.gaps(wrong)}
     assert not labels & {"fp16", "bf16"}, labels

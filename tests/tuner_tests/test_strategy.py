@@ -11,39 +11,29 @@ from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.perfmodel.latency import Percentiles
-from infertune_tuner.run import prior_predictions
-from infertune_tuner.search.classify import implied
-from infertune_tuner.search.confirm import confirmations
-from infertune_tuner.search.evidence import Known, combine
-from infertune_tuner.search.memory_fit import ruled_out
-from infertune_tuner.search.planner import Decision, Planner
+from infertune_tuner.search.evidence import Decision, Evidence, combine
+from infertune_tuner.search.planner import confirmations
 from infertune_tuner.search.settings import SearchSettings
-from infertune_tuner.space import build_space
 from infertune_tuner.stop import StopKind
 
-from .helpers import request
+from .helpers import Core, request
 
 Measure = Callable[[TrialConfig], Measurement]
 
 
-def _why(cfg: TrialConfig, known: Known) -> str | None:
-    ruling = implied(cfg, known, SearchSettings().dominance_margin)
+def _why(cfg: TrialConfig, known: Evidence) -> str | None:
+    ruling = Core(request()).ruling(cfg, known)
     return ruling.text() if ruling else None
 
 
-def _planner(req):  # type: ignore[no-untyped-def]
-    space = build_space(req, req.resolve_model(), req.resolve_gpu())
-    return Planner(req, space, prior_predictions(req, space), seed=0)
-
-
-def _loop(req, measure: Measure, limit: int = 40) -> tuple[list[Decision], Known]:  # type: ignore[no-untyped-def]
+def _loop(req, measure: Measure, limit: int = 40) -> tuple[list[Decision], Evidence]:  # type: ignore[no-untyped-def]
     """Drive the planner by hand: decide, measure, repeat until it stops."""
-    planner = _planner(req)
+    core = Core(req)
     runs: dict[TrialConfig, list[Measurement]] = {}
     decisions = []
     for _ in range(limit):
-        known = Known.build(req, runs)
-        d = planner.decide(known, remaining=limit - known.executed)
+        known = core.evidence(runs)
+        d = core.decide(known, remaining=limit - known.executed)
         decisions.append(d)
         if d.config is None:
             return decisions, known
@@ -62,18 +52,18 @@ def test_on_a_pool_that_behaves_like_the_model_it_finds_the_optimum_and_stops() 
     decisions, known = _loop(req, lambda c: pool.measure(c, noisy=False))
     stop = decisions[-1]
     assert stop.stop is not None and stop.stop.kind == StopKind.CONVERGED
-    planner = _planner(req)
-    assert planner.assess(known).p_untried < SearchSettings().stop_probability
+    core = Core(req)
+    assert core.assess(known).p_untried < SearchSettings().stop_probability
     assert stop.confidence is not None and 0.5 < stop.confidence <= 1.0
     # The true optimum of a model-shaped pool is the prior's own best feasible configuration.
-    truth = {c: pool.measure(c, noisy=False) for c in planner.universe}
+    truth = {c: pool.measure(c, noisy=False) for c in core.prior.universe}
     feasible = {
         c: m.output_tokens_per_s_per_gpu or 0.0
         for c, m in truth.items()
         if m.status == "ok" and m.e2e_ms is not None and m.e2e_ms.p95 <= 25600
     }
-    assert known.best() is not None
-    assert known.best_tps() >= 0.98 * max(feasible.values())
+    assert known.best is not None
+    assert known.best_tps >= 0.98 * max(feasible.values())
     assert known.executed <= 12
 
 
@@ -81,27 +71,27 @@ def test_the_winner_is_confirmed_before_the_search_stops() -> None:
     req = request(e2e_p95=25600)
     pool = SimulatedBackend(req, seed=0)
     decisions, known = _loop(req, pool.run)
-    best = known.best()
-    assert best is not None and known.repeats(best) >= 2
+    best = known.best
+    assert best is not None and known.counts[best] >= 2
     confirms = [d for d in decisions if d.purpose == "confirm"]
     assert confirms and confirms[-1].config in known.measured
 
 
 def test_it_never_proposes_what_the_memory_model_rules_out_by_a_wide_margin() -> None:
     req = request(e2e_p95=25600)
-    planner = _planner(req)
+    prior, wide = Core(req).prior, SearchSettings().wide_margin
     pool = SimulatedBackend.perturbed(req, seed=1)
     decisions, _ = _loop(req, pool.run)
     proposed = [d.config for d in decisions if d.config is not None]
-    assert proposed and not any(ruled_out(planner.margin[c]) for c in proposed)
-    assert any(ruled_out(m) for m in planner.margin.values()), "the space has such configs"
+    assert proposed and not any(prior.margin[c] < -wide for c in proposed)
+    assert any(m < -wide for m in prior.margin.values()), "the space has such configs"
 
 
 def test_when_nothing_can_meet_the_slo_it_measures_the_closest_few_then_says_so() -> None:
     req = request(e2e_p95=50)  # 50 ms for 512 output tokens: impossible
     pool = SimulatedBackend(req, seed=0)
     decisions, known = _loop(req, pool.run)
-    assert known.best() is None
+    assert known.best is None
     assert SearchSettings().min_probes <= known.executed <= SearchSettings().min_probes + 2
     assert decisions[-1].stop is not None and decisions[-1].stop.kind == StopKind.INFEASIBLE
 
@@ -111,11 +101,11 @@ def test_a_configuration_is_judged_on_its_typical_run() -> None:
     # typical run (geometric mean per percentile), throughput is their mean.
     req = request(e2e_p95=25600)
     c = TrialConfig(2, 64, "fp8", "auto")
-    known = Known.build(req, {c: [_e2e(24000, 800), _e2e(28000, 760)]})
-    assert known.feasible() == {}, "typically 25923 ms: above the 25600 ms bound"
+    known = Evidence(req, {c: (_e2e(24000, 800), _e2e(28000, 760))})
+    assert known.feasible == {}, "typically 25923 ms: above the 25600 ms bound"
     assert known.measured[c].output_tokens_per_s_per_gpu == 780
-    ok = Known.build(req, {c: [_e2e(24000, 800), _e2e(26000, 760)]})
-    assert ok.best() == c and ok.best_tps() == 780
+    ok = Evidence(req, {c: (_e2e(24000, 800), _e2e(26000, 760))})
+    assert ok.best == c and ok.best_tps == 780
     assert ok.checks[c][0].value_ms == pytest.approx(math.sqrt(24000 * 26000))
 
 
@@ -131,26 +121,26 @@ def test_an_invalid_repeat_is_not_averaged_in() -> None:
 
 def test_the_last_trial_of_the_budget_goes_to_confirming_the_winner() -> None:
     req = request(e2e_p95=25600)
-    planner = _planner(req)
+    core = Core(req)
     c = TrialConfig(2, 64, "fp8", "auto")
-    known = Known.build(req, {c: [_e2e(20000, 700)]})
-    last = planner.decide(known, remaining=1)
+    known = core.evidence({c: [_e2e(20000, 700)]})
+    last = core.decide(known, remaining=1)
     assert (last.config, last.purpose) == (c, "confirm")
     assert last.chances is not None and last.chances.to_beat_tps == pytest.approx(700 * 1.02)
-    assert planner.decide(known, remaining=10).purpose == "explore"
+    assert core.decide(known, remaining=10).purpose == "explore"
 
 
 def test_measured_neighbours_rule_configurations_out() -> None:
     req = request(e2e_p95=25600)
     small = TrialConfig(2, 64, "fp8", "auto")
-    known = Known.build(req, {small: [_e2e(40000)], TrialConfig(1, 32, "fp16", "fp8"): [
-        Measurement.failed("oom", "CUDA out of memory")
-    ]})  # fmt: skip
+    known = Evidence(req, {small: (_e2e(40000),), TrialConfig(4, 128, "fp8", "fp8"): (
+        Measurement.failed("oom", "CUDA out of memory"),
+    )})  # fmt: skip
     assert "larger batch" in (_why(TrialConfig(2, 128, "fp8", "auto"), known) or "")
     assert _why(TrialConfig(2, 32, "fp8", "auto"), known) is None
-    assert "ran out of memory" in (_why(TrialConfig(1, 64, "fp16", "fp8"), known) or "")
+    assert "ran out of memory" in (_why(TrialConfig(4, 192, "fp8", "auto"), known) or "")
     # A miss within the noise rules out nothing: real pools are not perfectly monotonic.
-    near = Known.build(req, {small: [_e2e(26500)]})
+    near = Evidence(req, {small: (_e2e(26500),)})
     assert _why(TrialConfig(2, 128, "fp8", "auto"), near) is None
 
 
@@ -163,11 +153,11 @@ def test_a_rival_the_posterior_prefers_is_measured_with_the_incumbent_until_thre
     req = request(e2e_p95=10_000_000)
     best, rival = TrialConfig(4, 192, "fp8", "fp8"), TrialConfig(4, 256, "fp8", "fp8")
     s = SearchSettings()
-    two = Known.build(req, {best: [_e2e(1100.0, 1010.0)] * 2, rival: [_e2e(1100.0, 1000.0)] * 2})
-    assert confirmations(req, two, best, {rival}, s) == []  # no doubt: two runs each suffice
-    assert confirmations(req, two, best, {rival}, s, doubted={rival}) == [best, rival]
+    two = Evidence(req, {best: (_e2e(1100.0, 1010.0),) * 2, rival: (_e2e(1100.0, 1000.0),) * 2})
+    assert confirmations(two, best, {rival}, s) == []  # no doubt: two runs each suffice
+    assert confirmations(two, best, {rival}, s, doubted={rival}) == [best, rival]
     # A third run each settles it; one already in flight is measured there.
-    three = Known.build(req, {best: [_e2e(1100.0, 1010.0)] * 3, rival: [_e2e(1100.0, 1000.0)] * 3})
-    assert confirmations(req, three, best, {rival}, s, doubted={rival}) == []
-    flying = Known.build(req, two.runs, {rival})
-    assert confirmations(req, flying, best, {rival}, s, doubted={rival}) == [best]
+    three = Evidence(req, {best: (_e2e(1100.0, 1010.0),) * 3, rival: (_e2e(1100.0, 1000.0),) * 3})
+    assert confirmations(three, best, {rival}, s, doubted={rival}) == []
+    flying = Evidence(req, two.runs, frozenset({rival}))
+    assert confirmations(flying, best, {rival}, s, doubted={rival}) == [best]

@@ -17,7 +17,9 @@ from infertune_tuner.backends import BACKEND_HELP
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.run import StudyStart
-from infertune_tuner.search.planner import Known
+from infertune_tuner.search.evidence import Evidence
+
+from .helpers import request
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama2-70b-h100.yaml"
@@ -89,7 +91,7 @@ def test_the_progress_shows_the_phase_of_a_long_trial_and_its_elapsed_time() -> 
     assert shown._progress is not None
     shown._progress.refresh()
     assert re.search(r"tp2/bs64/fp8/kv-auto.*loading model \d+ s", out.getvalue())
-    shown.trial(cfg, Measurement.failed("oom", "CUDA out of memory"), [], Known())
+    shown.trial(cfg, Measurement.failed("oom", "CUDA out of memory"), [], Evidence(request()))
     shown._progress.refresh()
     assert "1/40" in out.getvalue() and "oom" in out.getvalue()
     before = out.getvalue()

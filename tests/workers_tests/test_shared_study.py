@@ -23,11 +23,18 @@ import yaml
 from infertune_tuner.backends.replay import write_table
 from infertune_tuner.backends.simulated import SimulatedBackend
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.search.evidence import Decision
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama2-70b-h100.yaml"
 INFERTUNE = Path(sys.executable).parent / "infertune"
 FAST = {"INFERTUNE_HEARTBEAT_SECONDS": "1", "INFERTUNE_HEARTBEAT_GRACE_SECONDS": "3"}
+
+
+def _purpose(t: optuna.trial.FrozenTrial) -> str:
+    """Why the sampler chose the trial, as it recorded its decision."""
+    d = Decision.of(t)
+    return d.purpose if d is not None else "explore"
 
 
 def spec_file(tmp_path: Path, url: str, **tuning: object) -> Path:
@@ -77,9 +84,9 @@ def config(t: optuna.trial.FrozenTrial) -> TrialConfig:
 def assert_no_duplicates(trials: list[optuna.trial.FrozenTrial]) -> None:
     """Each configuration is measured once, apart from one deliberate confirmation; and two
     trials of one configuration never ran at the same time."""
-    first = [config(t) for t in trials if t.user_attrs.get("purpose") != "confirm"]
+    first = [config(t) for t in trials if _purpose(t) != "confirm"]
     assert len(first) == len(set(first)), Counter(first).most_common(3)
-    confirms = Counter(config(t) for t in trials if t.user_attrs.get("purpose") == "confirm")
+    confirms = Counter(config(t) for t in trials if _purpose(t) == "confirm")
     assert all(n == 1 for n in confirms.values()), confirms
     by_config: dict[TrialConfig, list[optuna.trial.FrozenTrial]] = {}
     for t in trials:

@@ -22,7 +22,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement, TrialPhase
 from infertune_tuner.result import SloCheck
 from infertune_tuner.run import StudyStart
-from infertune_tuner.search.planner import Known
+from infertune_tuner.search.evidence import Evidence
 
 
 class _PhaseColumn(ProgressColumn):
@@ -87,7 +87,7 @@ class TuneProgress:
         )
 
     def trial(
-        self, config: TrialConfig, m: Measurement, checks: list[SloCheck], known: Known
+        self, config: TrialConfig, m: Measurement, checks: list[SloCheck], known: Evidence
     ) -> None:
         if self._progress is None or self._task is None:
             return
@@ -96,7 +96,7 @@ class TuneProgress:
             "SLO ok" if all(c.ok for c in checks) else "SLO miss"
         )  # fmt: skip
         desc = f"{config.label()}: {verdict}"
-        best = known.best_tps()
+        best = known.best_tps
         if best:
             desc += f" | best {best:.0f} tok/s/GPU"
         self._progress.update(

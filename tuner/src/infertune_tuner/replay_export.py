@@ -32,8 +32,7 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.result import MeasuredConfig, Report, Trial
-from infertune_tuner.search.evidence import combine
-from infertune_tuner.search.records import executed_trials
+from infertune_tuner.search.evidence import combine, executed_trials
 from infertune_tuner.study_folder import REPORT_JSON
 
 KEPT = ("ok", "oom")  # measurement statuses a replay table holds

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import optuna
 
@@ -22,15 +21,15 @@ from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.journal import lock_study, storage_fault
-from infertune_tuner.measurement import Measurement
 from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.result import Report, SloCheck
-from infertune_tuner.search.driver import Search, SearchOutcome, make_sampler, study_name
-from infertune_tuner.search.evidence import Known
+from infertune_tuner.result import Report
+from infertune_tuner.search.driver import OnTrial, Search, SearchOutcome, study_name
+from infertune_tuner.search.evidence import executed_trials
 from infertune_tuner.search.planner import Planner
-from infertune_tuner.search.records import executed_trials
+from infertune_tuner.search.posterior import Prior
+from infertune_tuner.search.sampler import PlannerFactory, make_sampler
 from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import SearchSpace, build_space
 from infertune_tuner.stop import INTERRUPTED
@@ -40,21 +39,6 @@ from infertune_tuner.study_report import build_report
 
 log = logging.getLogger(__name__)
 REPORTED = "reported_at"  # study attribute: the executed trials when the report was written
-OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
-
-
-class PlannerFactory(Protocol):
-    """What builds a study's planner: `Planner` itself, or a subclass's builder."""
-
-    def __call__(
-        self,
-        request: TuningRequest,
-        space: SearchSpace,
-        priors: dict[TrialConfig, Prediction],
-        *,
-        seed: int,
-        settings: SearchSettings | None,
-    ) -> Planner: ...
 
 
 @dataclass(frozen=True)
@@ -106,9 +90,10 @@ def tune(
         on_trial: Called after every executed trial with what is known so far.
         gpus: The GPUs this worker holds (triton backend): trials are packed into them, as
             many at once as the smallest TP of the space fits (see packing.py).
-        settings: The search's constants (default: `SearchSettings()`, each with its evidence).
-        planner_factory: Builds the search's planner from (request, space, priors, seed=,
-            settings=); the benchmark's oracle (benchmarks/oracle.py) is the one other.
+        settings: The search's constants (default: `SearchSettings()`, each with its evidence);
+            the request's confidence target replaces their stop probability.
+        planner_factory: Builds `auto`'s planner from (prior, settings, max_trials=); the
+            benchmark's oracle (benchmarks/oracle.py) is the one other.
 
     Returns:
         The report: every trial, the best feasible configuration (or the nearest misses) and
@@ -158,9 +143,13 @@ def tune(
         # One folder, one study: never start a second one where an earlier report lies.
         refuse_another_study(out_dir, storage, identity, shared=shared)
         backends.extend(backend_factory(i) for i in range(workers))
-        planner = planner_factory(request, space, priors, seed=seed, settings=settings)
+        search_settings = (settings or SearchSettings()).with_confidence(request.tuning.confidence)
+        prior = Prior.build(request, space, priors, search_settings)
         run_id = uuid.uuid4().hex
-        sampler = make_sampler(request, space, planner, scope=None if shared else run_id, seed=seed)
+        sampler = make_sampler(
+            prior, search_settings, scope=None if shared else run_id, seed=seed,
+            planner=planner_factory,
+        )  # fmt: skip
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", load_if_exists=True,
             sampler=sampler,
@@ -172,7 +161,7 @@ def tune(
             else None
         )
         search = Search(
-            request, space, planner, study, run_id=run_id, on_trial=on_trial,
+            prior, search_settings, study, run_id=run_id, on_trial=on_trial,
             deadline=deadline, lock=ClaimLock(storage, name), shared=shared,
         )  # fmt: skip
         if not shared:  # no other process works on a journal: what still runs was interrupted
@@ -193,9 +182,8 @@ def tune(
         if shared and not _last_worker(search):
             return None
         return build_report(
-            request, space, priors, outcome.study, backend=backend_name,
-            stop=outcome.stop, duration_s=time.monotonic() - started,
-            run=search.scope, planner=search.planner,
+            prior, search_settings, outcome.study, backend=backend_name, stop=outcome.stop,
+            duration_s=time.monotonic() - started, run=search.scope, seed=seed,
         )  # fmt: skip
     finally:
         for b in backends:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optuna.study import Study
 
 STOP_ATTR = "stop"
 
@@ -60,3 +63,15 @@ TIMEOUT = StopReason(StopKind.TIMEOUT, "spec.tuning.timeoutMinutes reached")
 INTERRUPTED = StopReason(
     StopKind.INTERRUPTED, "stopped by Ctrl-C (SIGINT); re-run to resume the study"
 )
+
+
+def record(study: Study, reason: StopReason) -> None:
+    """Stop the study for `reason` (the first reason given wins), for every worker to read."""
+    if recorded(study) is None:
+        study.set_user_attr(STOP_ATTR, reason.as_attr())
+    study.stop()
+
+
+def recorded(study: Study) -> StopReason | None:
+    """Why the study stopped, as its workers recorded it (None: it has not)."""
+    return StopReason.from_attr(study.user_attrs.get(STOP_ATTR))

@@ -9,6 +9,9 @@ search's stop rule, and the measured near-ties, the rest of the doubt.
 
 from __future__ import annotations
 
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import optuna
@@ -34,24 +37,31 @@ from infertune_tuner.result import (
     Report,
     Trial,
     TrialState,
+    UntriedConfig,
+    UntriedGroup,
+    UntriedKind,
 )
-from infertune_tuner.search.classify import Exclusion
-from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.model import learned_noise
-from infertune_tuner.search.planner import Assessment, Planner
-from infertune_tuner.search.records import (
+from infertune_tuner.search.evidence import (
     ATTR_CONFIG,
     ATTR_MEASUREMENT,
-    ATTR_PURPOSE,
+    Decision,
+    Evidence,
     ExecutedTrial,
-    chances_of,
     config_of,
     current_trials,
-    known_from,
+    read,
 )
-from infertune_tuner.search.residuals import check_key, residuals
-from infertune_tuner.search.untried import untried_groups
-from infertune_tuner.space import SearchSpace
+from infertune_tuner.search.planner import gaps
+from infertune_tuner.search.posterior import (
+    Assessment,
+    Exclusion,
+    Prior,
+    QuantityKey,
+    Residuals,
+    assess,
+    learned_noise,
+)
+from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.stop import StopKind, StopReason
 from infertune_tuner.storage import mask_url
 
@@ -96,21 +106,23 @@ def _noise(runs: list[Measurement], request: TuningRequest) -> dict[str, float]:
 
 
 def headroom(
-    request: TuningRequest, priors: dict[TrialConfig, Prediction], known: Known, cfg: TrialConfig
+    ev: Evidence, r: Residuals, cfg: TrialConfig, settings: SearchSettings
 ) -> list[Headroom]:
     """The room `cfg`'s typical run leaves inside each bound, weighed against the run-to-run
-    noise the search learned for that quantity from every repeat of the study (model.learned_
-    noise: the prior noise, or more where the repeats showed more)."""
-    reps = residuals(request, priors, known).repeats
+    noise the search learned for that quantity from every repeat of the study
+    (posterior.learned_noise: the prior noise, or more where the repeats showed more)."""
     out = []
-    for c in known.checks.get(cfg, []):
-        key = check_key(c)
-        out.append(slo.room(c, learned_noise(key, reps.get(key, [])), known.repeats(cfg)))
+    for c in ev.checks.get(cfg, []):
+        key = QuantityKey.of_check(c)
+        noise = learned_noise(
+            key, r.repeats.get(key, []), settings.run_noise, settings.noise_prior_weight
+        )
+        out.append(slo.room(c, noise, ev.counts.get(cfg, 0)))
     return out
 
 
 def interrupted_trials(
-    study: optuna.Study, priors: dict[TrialConfig, Prediction], measured: list[Trial]
+    study: optuna.Study, priors: Mapping[TrialConfig, Prediction], measured: list[Trial]
 ) -> list[Trial]:
     """Trials that claimed a configuration and ended without a measurement: Ctrl-C stopped
     them, or their worker died (a later run, or another worker, re-runs the configuration)."""
@@ -138,8 +150,8 @@ def interrupted_trials(
                 predicted=Predicted.of(p) if p else None,
                 reason=f"interrupted{_after(t)} before it measured anything; {retried}",
                 duration_s=_duration(t),
-                purpose=t.user_attrs.get(ATTR_PURPOSE),
-                chances=chances_of(t),
+                purpose=d.purpose if (d := Decision.of(t)) is not None else "explore",
+                chances=d.chances if d is not None else None,
             )
         )
     return out
@@ -156,11 +168,11 @@ def _after(t: FrozenTrial) -> str:
     return f" after {seconds:.0f} s" if seconds is not None else ""
 
 
-def measured_configs(known: Known, executed: list[ExecutedTrial]) -> list[MeasuredConfig]:
+def measured_configs(ev: Evidence, executed: list[ExecutedTrial]) -> list[MeasuredConfig]:
     """Every measured configuration once, at its typical run, in the order first measured."""
     out = []
-    for cfg, m in known.measured.items():
-        checks = known.checks.get(cfg) or []
+    for cfg, m in ev.measured.items():
+        checks = ev.checks.get(cfg) or []
         out.append(
             MeasuredConfig(
                 config=ConfigOut.of(cfg),
@@ -174,11 +186,11 @@ def measured_configs(known: Known, executed: list[ExecutedTrial]) -> list[Measur
     return sorted(out, key=lambda c: c.trials[0] if c.trials else -1)
 
 
-def near_ties(known: Known, a: Assessment) -> list[NearTie]:
+def near_ties(a: Assessment) -> list[NearTie]:
     """Measured SLO-meeting configurations with a real chance to beat the best by > 2 %."""
     ties = []
-    for cfg, m in known.feasible().items():
-        i = a.of(cfg)
+    for cfg, m in a.evidence.feasible.items():
+        i = a.index.get(cfg)
         if cfg == a.best or i is None or float(a.p_beat[i]) < NEAR_TIE_MIN_P:
             continue
         ties.append(
@@ -193,21 +205,23 @@ def near_ties(known: Known, a: Assessment) -> list[NearTie]:
 
 
 def build_report(
-    request: TuningRequest,
-    space: SearchSpace,
-    priors: dict[TrialConfig, Prediction],
+    prior: Prior,
+    settings: SearchSettings,
     study: optuna.Study,
     *,
     backend: str,
     stop: StopReason,
     duration_s: float,
     run: str | None = None,
-    planner: Planner | None = None,
+    seed: int = 0,
 ) -> Report:
-    planner = planner or Planner(request, space, priors, seed=request.tuning.seed or 0)
+    request, space, priors = prior.request, prior.space, prior.predictions
     executed = current_trials(study, run)
-    known = known_from(request, study, run)
-    known.in_flight.clear()
+    known = read(request, study, run)
+    known = Evidence(
+        request, known.runs, frozenset(), known.covers
+    )  # the report: no trial in flight
+    assessment = assess(known, prior, settings, seed=seed, include_in_flight=False)
     trials: list[Trial] = []
     resumed = 0  # trials an earlier run of the same study executed
     for e in executed:
@@ -231,29 +245,24 @@ def build_report(
             )
         )
     trials = sorted(trials + interrupted_trials(study, priors, trials), key=lambda t: t.number)
-    assessment = planner.assess(known, include_in_flight=False)
     number = max((t.number for t in trials), default=-1) + 1
-    for cfg in space.configs:
-        if cfg in known.measured:
-            continue
-        p = priors[cfg]
-        ruling = planner.ruling(cfg, known)
-        if ruling is None or ruling.exclusion == Exclusion.TWIN:
-            continue  # a candidate the search did not need, or covered: see the untried groups
+    for cfg, ruling in assessment.verdicts.items():
+        if ruling is None or not ruling.predicted_infeasible:
+            continue  # a candidate the search did not need, measured, or covered by its twin
         trials.append(
             Trial(
                 number=number,
                 config=ConfigOut.of(cfg),
                 state="infeasible_predicted",
                 executed=False,
-                predicted=Predicted.of(p),
+                predicted=Predicted.of(priors[cfg]),
                 reason=ruling.text(),
             )
         )
         number += 1
 
     best = None
-    top = known.best()
+    top = known.best
     if top is not None:
         metrics = trial_metrics(known.measured[top])
         assert metrics is not None
@@ -262,9 +271,9 @@ def build_report(
             config=ConfigOut.of(top),
             metrics=metrics,
             trial=last,
-            repeats=known.repeats(top),
-            noise=_noise(known.runs[top], request),
-            headroom=headroom(request, priors, known, top),
+            repeats=known.counts[top],
+            noise=_noise(list(known.runs[top]), request),
+            headroom=headroom(known, assessment.residuals, top, settings),
         )
     misses: list[NearMiss] = []
     if best is None:
@@ -284,7 +293,7 @@ def build_report(
             )
     converged = stop.kind == StopKind.CONVERGED
     uncovered = (
-        [g.structure.label() for g in planner.gaps(known, assessment)]
+        [g.structure.label() for g in gaps(assessment, prior, settings)]
         if top is not None and not converged and request.tuning.sampler == "auto"
         else []
     )
@@ -310,10 +319,84 @@ def build_report(
         # clock ran out first): the posterior's number would rest on the model alone there.
         confidence=None if uncovered else round(assessment.confidence, 4),
         p_untried_beats=round(assessment.p_untried, 4) if claimed else None,
-        near_ties=near_ties(known, assessment) if claimed else [],
+        near_ties=near_ties(assessment) if claimed else [],
         uncovered=uncovered,
-        untried=untried_groups(planner, known, assessment, converged=converged),
+        untried=untried_groups(assessment, prior, settings, converged=converged),
         duration_s=round(duration_s, 3),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         infertune_version=__version__,
     )
+
+
+# ------------------------------------------------------------------ untried configurations
+
+_GROUP: dict[Exclusion, UntriedKind] = {
+    Exclusion.MEMORY: "memory",
+    Exclusion.OUT_OF_MEMORY: "neighbour",
+    Exclusion.KV_CAPPED: "neighbour",
+    Exclusion.SLO_MISS: "neighbour",
+    Exclusion.TWIN: "twin",
+}
+
+
+def _reasons(s: SearchSettings) -> dict[UntriedKind, str]:
+    return {
+        "memory": (
+            f"the memory model rules it out by a wide margin (needs more than "
+            f"{(math.exp(s.wide_margin) - 1):.0%} more memory than the GPU has)"
+        ),
+        "neighbour": "ruled out by a measured neighbour (out of memory, or a clear SLO miss)",
+        "twin": "the performance model cannot tell it from a measured configuration",
+        "fit": f"unlikely to fit in memory (P(fit) < {s.unlikely:.0%})",
+        "slo": f"unlikely to meet the SLO (P < {s.unlikely:.0%})",
+        "stopped": "a real chance to beat the best, not reached before the search stopped",
+        "posterior": f"unlikely to beat the best by more than {s.improvement:.0%}",
+    }
+
+
+def untried_groups(
+    a: Assessment, prior: Prior, st: SearchSettings, *, converged: bool
+) -> list[UntriedGroup]:
+    """Every configuration of the space that was never measured, grouped by why: the verdict
+    (posterior.verdicts: memory, a measured neighbour, a measured twin), or for a candidate
+    what the posterior gave it (unlikely to fit, unlikely to meet the SLO, a real chance the
+    search did not reach before it stopped, unlikely to beat the best)."""
+    members: dict[UntriedKind, list[tuple[TrialConfig, str | None, float | None]]] = defaultdict(
+        list
+    )
+    index = {c: i for i, c in enumerate(a.candidates)}  # candidates lead the pool
+    for cfg, ruling in a.verdicts.items():
+        if ruling is not None and (group := _GROUP.get(ruling.exclusion)) is not None:
+            members[group].append((cfg, ruling.text(), None))
+        elif cfg in index:
+            i = index[cfg]
+            p_beat = float(a.p_beat[i])
+            kind: UntriedKind
+            if a.p_fit[i] < st.unlikely:
+                kind = "fit"
+            elif a.p_success[i] < st.unlikely:
+                kind = "slo"
+            elif not converged and p_beat >= st.real_chance:
+                kind = "stopped"
+            else:
+                kind = "posterior"
+            members[kind].append((cfg, None, round(p_beat, 4)))
+    out = []
+    reasons = _reasons(st)
+    for kind in reasons:
+        rows = members.get(kind)
+        if not rows:
+            continue
+        probs = [p for _, _, p in rows if p is not None]
+        rows.sort(key=lambda r: (-(r[2] or 0.0), r[0]))
+        out.append(
+            UntriedGroup(
+                kind=kind,
+                reason=reasons[kind],
+                count=len(rows),
+                by_tp={f"TP{tp}": n for tp, n in sorted(Counter(c.tp for c, _, _ in rows).items())},
+                max_p_beat=max(probs) if probs else None,
+                configs=[UntriedConfig(config=c.label(), detail=d, p_beat=p) for c, d, p in rows],
+            )
+        )
+    return out

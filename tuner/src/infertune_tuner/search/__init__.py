@@ -1,14 +1,17 @@
-"""The search: what to measure next, when to stop, how sure to be (docs/tuning.md).
+"""The search: which configuration to measure next, when to stop, and how sure to be.
 
-Organised like Optuna's own samplers (`optuna/samplers/_tpe/`, `_gp/`), top to bottom:
+`AutoSampler` (sampler.py) is an Optuna sampler handed to `optuna.create_study`. Read the
+package top-down, in the order a decision flows:
 
-- `driver`: the Optuna study driven by `study.optimize`: claims, workers, the budget, resume;
-- `untried`: why each configuration that was not measured was not (for the report);
-- `samplers`: the `auto` sampler (handed to `create_study`; it decides from the study's trials
-  alone) and the guard around Optuna's TPE, random and grid samplers;
-- `records`: what each trial holds in the study, and reading the study back as evidence;
-- `planner`: the model-guided decision (next trial, confirmation, stop rule, confidence);
-- `belief`: trials in flight believed at their posterior mean (batch proposals);
-- `evidence` | `model` | `memory_fit`: what was measured and what it rules out; the posterior
-  of the performance model's errors; the memory frontier as a probability.
+- `evidence`: what the study holds (measurements, what is in flight, recorded decisions);
+- `posterior`: what the evidence says about every configuration (its verdict, its chances);
+- `planner`: the decision (explore, cover, confirm, probe) and the one stop rule;
+- `sampler`: the samplers that make those decisions inside an Optuna study;
+- `driver`: runs the study's trials and records what they measured;
+- `settings` (every constant, with its evidence) and `hyperprior` (the posterior's prior,
+  fitted across worlds).
 """
+
+from infertune_tuner.search.sampler import AutoSampler
+
+__all__ = ["AutoSampler"]

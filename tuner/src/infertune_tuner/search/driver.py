@@ -1,25 +1,23 @@
-"""The Optuna study: an objective that measures one configuration, driven by `study.optimize`.
+"""The Optuna study run: an objective that claims, measures and records one trial, driven by
+`study.optimize`. It decides nothing: the study's sampler (sampler.py) decides what each trial
+measures and when the search stops; the driver runs the trials and tells their results.
 
 Every executed trial lives in the study (default: an Optuna journal file in the output
 directory; an RDB URL when given, see storage.py), with its configuration, measurement and SLO
-checks as user attributes (records.py). Re-running the same request resumes the study: a
+checks as user attributes (evidence.py). Re-running the same request resumes the study: a
 completed trial is never repeated, and a trial left RUNNING by an interrupted single-worker run
 is marked failed and retried.
 
 Workers: `parallelism` > 1 runs that many threads (one backend each) in this process; on an RDB
 storage, every `infertune tune` process of the same request joins the same study as further
-workers. A worker *claims* its next configuration under the study's claim lock: it decides with
-every other worker's claims in flight, checks the budget (executed + in flight, global) and
-records the configuration on its trial before the lock is released, so no two workers measure
-the same configuration and the budget holds across workers. When the only trials that may still
-change the answer are in flight elsewhere, a worker waits for them instead of stopping. A trial
-whose worker died is re-run by another worker after the heartbeat's grace period (the retry
-keeps the configuration it had claimed).
-
-Samplers (samplers.py): `auto` (model-guided, planner.py), or Optuna's `tpe` (constraint-aware),
-`random` and `grid` wrapped so that they never propose what the memory model or the measurements
-rule out. A proposal that still cannot run (the search is done, the budget is spent) is told to
-the study as PRUNED and costs no budget.
+workers. A worker *claims* its trial under the study's claim lock: the sampler decides with every
+other worker's claims in flight and records its decision on the trial before the lock is
+released, so no two workers measure the same configuration and the budget holds across workers.
+When the sampler says to wait (only trials in flight elsewhere may still change the answer), the
+worker waits until the study changes and gives its trial up for the next. A trial whose worker
+died is re-run by another worker after the heartbeat's grace period (the retry keeps the
+configuration it had claimed). A trial that measures nothing is told to the study as PRUNED,
+with its typed reason (`Skip`), and costs no budget.
 """
 
 from __future__ import annotations
@@ -32,12 +30,13 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import NoReturn
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.samplers import BaseSampler
+from optuna.distributions import BaseDistribution
 from optuna.study import Study
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from infertune_tuner import slo
 from infertune_tuner.backends.base import BenchmarkBackend
@@ -45,33 +44,25 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import SloCheck
-from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.planner import Planner
-from infertune_tuner.search.plausibility import judged
-from infertune_tuner.search.records import (
-    ATTR_CHANCES,
+from infertune_tuner.search.evidence import (
     ATTR_CHECKS,
     ATTR_CONFIG,
     ATTR_CONSTRAINTS,
     ATTR_MEASUREMENT,
-    ATTR_PURPOSE,
     ATTR_RUN,
     ATTR_SKIP,
+    Decision,
+    Evidence,
+    State,
     config_of,
-    known_from,
+    judge,
     measurement_to_attr,
+    read,
 )
-from infertune_tuner.search.samplers import (
-    Admissible,
-    AutoSampler,
-    BudgetCallback,
-    SkipRuledOut,
-    make_base_sampler,
-    stop,
-    stopped,
-)
-from infertune_tuner.space import SearchSpace
-from infertune_tuner.stop import STOP_ATTR, TIMEOUT, StopKind, StopReason, aborted, budget
+from infertune_tuner.search.posterior import Prior
+from infertune_tuner.search.sampler import distributions
+from infertune_tuner.search.settings import SearchSettings
+from infertune_tuner.stop import STOP_ATTR, TIMEOUT, StopReason, recorded
 from infertune_tuner.storage import ClaimLock, fail_stale
 
 log = logging.getLogger(__name__)
@@ -85,8 +76,22 @@ class TrialFailed(Exception):
     """The configuration ran out of memory or failed: recorded, the search goes on."""
 
 
-class _Wait(Exception):
-    """Nothing to claim now: trials in flight elsewhere may still change the answer."""
+class Skip(StrEnum):
+    """Why a trial measures nothing (recorded on it as `skipped`)."""
+
+    STOPPED = "the search stopped"
+    WAITED = "waited for trials in flight"
+    GIVE_WAY = "a failed worker's trial is waiting to be re-run"
+    DEADLINE = "spec.tuning.timeoutMinutes reached while waiting"
+    TAKEN = "being measured by another worker"
+    MEASURED = "measured before its worker died"
+    NOT_PROPOSED = "the sampler proposed nothing to measure now"
+
+
+class _Skipped(optuna.TrialPruned):
+    def __init__(self, skip: Skip) -> None:
+        super().__init__(skip.value)
+        self.skip = skip
 
 
 def study_name(request: TuningRequest, backend: str) -> str:
@@ -101,18 +106,6 @@ def study_name(request: TuningRequest, backend: str) -> str:
     return f"infertune-{request.name}-{digest}"
 
 
-def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
-    return {
-        "tp": CategoricalDistribution(list(space.tensor_parallel)),
-        "max_batch_size": CategoricalDistribution(list(space.max_batch_size)),
-        "quantization": CategoricalDistribution(list(space.quantization)),
-        "kv_cache_dtype": CategoricalDistribution(list(space.kv_cache_dtype)),
-    }
-
-
-# ------------------------------------------------------------------ the search
-
-
 @dataclass
 class SearchOutcome:
     """Why the search stopped, and the study (the report reads its confidence from there)."""
@@ -121,38 +114,18 @@ class SearchOutcome:
     study: Study
 
 
-OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Known], None]
-
-
-def make_sampler(
-    request: TuningRequest, space: SearchSpace, planner: Planner, *, scope: str | None, seed: int
-) -> BaseSampler:
-    """The study's sampler for `request.tuning.sampler`: `auto`, or Optuna's own wrapped so
-    that it proposes candidates only. It is handed to `optuna.create_study`.
-
-    Args:
-        request: The tuning request.
-        space: Its search space.
-        planner: The search core for it.
-        scope: The run whose `error` trials count (None: every worker's, on a shared study).
-        seed: The sampler's seed.
-    """
-    dists = distributions(space)
-    if request.tuning.sampler == "auto":
-        return AutoSampler(planner, dists, budget=request.tuning.max_trials, scope=scope, seed=seed)
-    base = make_base_sampler(request.tuning.sampler, dists, seed)
-    return SkipRuledOut(base, Admissible(planner, scope), dists, seed=seed)
+OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Evidence], None]
 
 
 class Search:
-    """Runs a study whose sampler `make_sampler` built: claims, measures and records trials.
+    """Runs a study whose sampler `sampler.make_sampler` built: claims, measures and records
+    trials.
 
     Args:
-        request: The tuning request.
-        space: Its search space.
-        planner: The search core (the sampler's, for `auto`).
-        study: The study, created with `make_sampler`'s sampler.
-        run_id: This run's id, recorded on its trials (`make_sampler`'s scope, unless shared).
+        prior: The space's predictions and fixed facts (the sampler's).
+        settings: The search's constants (which measurements are valid).
+        study: The study, created with the sampler.
+        run_id: This run's id, recorded on its trials (the sampler's scope, unless shared).
         on_trial: Called after each measurement with what the study then knows.
         deadline: `time.monotonic()` after which no trial starts.
         lock: The study's claim lock (storage.ClaimLock).
@@ -161,9 +134,8 @@ class Search:
 
     def __init__(
         self,
-        request: TuningRequest,
-        space: SearchSpace,
-        planner: Planner,
+        prior: Prior,
+        settings: SearchSettings,
         study: Study,
         *,
         run_id: str,
@@ -172,11 +144,11 @@ class Search:
         lock: Claim | None = None,
         shared: bool = False,
     ) -> None:
-        self.request = request
-        self.space = space
-        self.priors = planner.priors
+        self.prior = prior
+        self.request = prior.request
+        self.settings = settings
         self.study = study
-        self.max_trials = request.tuning.max_trials
+        self.max_trials = self.request.tuning.max_trials
         self.on_trial = on_trial
         self.deadline = deadline
         self.run_id = run_id
@@ -184,26 +156,17 @@ class Search:
         self.scope: str | None = None if shared else self.run_id
         self.shared = shared
         self.lock: Claim = lock if lock is not None else ClaimLock(None)
-        self.dists = distributions(space)
-        self.planner = planner
-        self.auto = study.sampler if isinstance(study.sampler, AutoSampler) else None
-        # A wrapped sampler's answer, read once per study state for both of them.
-        self.admissible = (
-            study.sampler.admissible
-            if isinstance(study.sampler, SkipRuledOut)
-            else Admissible(planner, self.scope)
-        )
+        self.dists: dict[str, BaseDistribution] = distributions(prior.space)
 
-    def known(self, study: Study, extra: FrozenTrial | None = None) -> Known:
-        return known_from(self.request, study, self.scope, extra)
+    def evidence(self) -> Evidence:
+        return read(self.request, self.study, self.scope)
 
     # -- resume
 
     def recover_interrupted(self) -> int:
         """Mark trials a killed run left RUNNING in a journal as failed (they will be rerun)."""
         stale = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        # Bookkeeping, not a search decision: the search's sampler must not hear of it (it
-        # would decide to stop, and Study.stop outside optimize() raises).
+        # Bookkeeping, not a search decision: the search's sampler must not hear of it.
         sampler, self.study.sampler = self.study.sampler, optuna.samplers.RandomSampler()
         try:
             for t in stale:
@@ -220,12 +183,12 @@ class Search:
 
     # -- one trial
 
-    def _skip(self, trial: optuna.Trial, what: str, why: str | StopReason) -> None:
-        """Prune `trial` (it measures nothing) for `why`; a StopReason also stops the study."""
-        trial.set_user_attr(ATTR_SKIP, f"{what}: {why}")
-        if isinstance(why, StopReason):
-            stop(self.study, why)
-        raise optuna.TrialPruned(str(why))
+    def _skip(self, trial: optuna.Trial, skip: Skip, cfg: TrialConfig | None = None) -> NoReturn:
+        """Prune `trial`: it measures nothing, for `skip`."""
+        trial.set_user_attr(
+            ATTR_SKIP, {"skip": skip.name.lower(), "config": cfg.label() if cfg else None}
+        )
+        raise _Skipped(skip)
 
     def _record(self, trial: optuna.Trial, m: Measurement) -> list[SloCheck]:
         checks = slo.check(self.request, m)
@@ -242,76 +205,70 @@ class Search:
             {k: trial.suggest_categorical(k, d.choices) for k, d in self.dists.items()}  # type: ignore[attr-defined]
         )
 
-    def _choose(self, trial: optuna.Trial) -> tuple[TrialConfig, str]:
-        """Under the claim lock: what this trial measures (raises _Wait, or skips the trial)."""
+    def _decision(self, trial: optuna.Trial) -> Decision | None:
+        """What the sampler recorded on `trial` (None: it proposes without deciding)."""
+        return Decision.of(self.study.get_trials(deepcopy=False)[trial.number])
+
+    def _choose(self, trial: optuna.Trial) -> TrialConfig | State:
+        """Under the claim lock: what this trial measures, or, when the sampler says to wait,
+        the state of the evidence before it decided (raises _Skipped when it measures
+        nothing)."""
         retried = trial.user_attrs.get(ATTR_CONFIG)  # a trial whose worker died, to re-run
-        purpose = str(trial.user_attrs.get(ATTR_PURPOSE, "explore"))
-        chances = None
         if retried is not None:
             cfg = config_of(retried)
             self._suggest(trial)  # the retried trial keeps its parameters
             if ATTR_MEASUREMENT in trial.user_attrs:  # its worker died after measuring it
-                self._skip(trial, cfg.label(), "measured before its worker died")
-        elif self.auto is not None:
-            decision = self.auto.decision_for(self.study, trial.number)
-            if decision.config is None and decision.stop is None:
-                raise _Wait
-            cfg = self._suggest(trial)
-            if decision.config != cfg:
-                why = decision.stop or StopReason(StopKind.EXHAUSTED, "nothing to measure now")
-                self._skip(trial, cfg.label(), why)
-            purpose, chances = decision.purpose, decision.chances
+                self._skip(trial, Skip.MEASURED, cfg)
         else:
+            # Read before the sampler decides: a trial that ends meanwhile must wake a wait.
+            before = self.evidence().state
+            _ = trial.relative_params  # the sampler decides for this trial (before any suggest)
+            decision = self._decision(trial)
+            if decision is not None and decision.waits:
+                return before
             cfg = self._suggest(trial)
-            if not self.admissible(self.study):  # a wrapped sampler has nothing left to propose
-                exhausted = StopReason(
-                    StopKind.EXHAUSTED,
-                    "every configuration was measured, is being measured, or is ruled out",
-                )
-                self._skip(trial, cfg.label(), exhausted)
-        known = self.known(self.study, None)
-        if retried is not None:
-            known.in_flight.discard(cfg)  # its own claim
-        if known.executed + len(known.in_flight) >= self.max_trials:
-            self._skip(trial, cfg.label(), budget(self.max_trials))
-        if retried is None and cfg in known.in_flight:
-            self._skip(trial, cfg.label(), "being measured by another worker")
+            if decision is not None and decision.stop is not None:
+                self._skip(trial, Skip.STOPPED, cfg)  # the sampler stopped the study
+            if decision is not None and decision.config != cfg:
+                self._skip(trial, Skip.NOT_PROPOSED, cfg)
+            if decision is None and cfg in self.evidence().in_flight:
+                self._skip(trial, Skip.TAKEN, cfg)  # a guarded sampler drew another's claim
         trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
         trial.set_user_attr(ATTR_RUN, self.run_id)
-        trial.set_user_attr(ATTR_PURPOSE, purpose)
-        if chances is not None:
-            trial.set_user_attr(ATTR_CHANCES, chances.model_dump())
-        if (pred := self.priors.get(cfg)) is not None:
-            trial.set_user_attr("predicted_tps", pred.output_tokens_per_s_per_gpu)
-        return cfg, purpose
+        if (tps := self.prior.tps.get(cfg)) is not None:
+            trial.set_user_attr("predicted_tps", tps)
+        return cfg
 
     def _claim(self, trial: optuna.Trial) -> TrialConfig:
-        """Claim the next configuration for `trial`, waiting while only trials in flight
-        elsewhere may change the answer."""
-        while True:
-            with self.lock():
-                try:
-                    return self._choose(trial)[0]
-                except _Wait:
-                    pass
-            self._wait(trial)
+        """Claim this trial's configuration, or wait for the trials in flight and give the
+        trial up (the next one is decided afresh)."""
+        with self.lock():
+            cfg = self._choose(trial)
+        if not isinstance(cfg, TrialConfig):
+            self._wait(trial, cfg)
+        return cfg
 
-    def _wait(self, trial: optuna.Trial) -> None:
-        time.sleep(POLL_S)
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self._skip(trial, "wait", TIMEOUT)
-        if self.shared:
-            fail_stale(self.study)
-        if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            # A dead worker's trial waits to be re-run: give way so this worker picks it up.
-            self._skip(trial, "wait", "a failed worker's trial is waiting")
+    def _wait(self, trial: optuna.Trial, before: State) -> NoReturn:
+        """Wait until the evidence differs from `before`, then give the trial up."""
+        while True:
+            time.sleep(POLL_S)
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self._skip(trial, Skip.DEADLINE)
+            if self.shared:
+                fail_stale(self.study)
+            if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                self._skip(trial, Skip.GIVE_WAY)  # a dead worker's trial: this worker takes it
+            if self.evidence().state != before:
+                self._skip(trial, Skip.WAITED)
 
     def _objective(
         self, backends: queue.Queue[BenchmarkBackend]
     ) -> Callable[[optuna.Trial], float]:
+        model, gpu = self.request.resolve_model(), self.request.resolve_gpu()
+
         def objective(trial: optuna.Trial) -> float:
             cfg = self._claim(trial)
-            repeat = self.known(self.study).repeats(cfg)  # runs of it the study holds already
+            repeat = self.evidence().counts.get(cfg, 0)  # runs of it the study holds already
             backend = backends.get()
             try:
                 m = backend.run(cfg, repeat=repeat)
@@ -320,72 +277,37 @@ class Search:
                 m = Measurement.failed("error", f"backend crashed: {exc!r}")
             finally:
                 backends.put(backend)
-            s = self.planner.settings
-            m = judged(m, cfg, model=self.request.resolve_model(), gpu=self.request.resolve_gpu(),
-                       output_tokens=self.request.workload.output_tokens,
-                       margin=s.plausible_margin, short_output=s.short_output,
-                       speedup=backend.speedup)  # fmt: skip
+            s = self.settings
+            m = judge(m, cfg, model=model, gpu=gpu,
+                      output_tokens=self.request.workload.output_tokens,
+                      margin=s.plausible_margin, short_output=s.short_output,
+                      speedup=backend.speedup)  # fmt: skip
             checks = self._record(trial, m)
             if self.on_trial is not None:
-                known = self.known(self.study)
-                known = Known.build(
-                    self.request,
-                    {**known.runs, cfg: [*known.runs.get(cfg, []), m]},
-                    known.in_flight - {cfg},
-                )
-                self.on_trial(cfg, m, checks, known)
+                ev = self.evidence()
+                runs = {**ev.runs, cfg: (*ev.runs.get(cfg, ()), m)}
+                self.on_trial(cfg, m, checks, Evidence(self.request, runs, ev.in_flight - {cfg}))
             if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
                 return m.output_tokens_per_s_per_gpu
             raise TrialFailed(m.reason or m.status)
 
         return objective
 
-    def _abort_on_errors(self, study: Study, trial: FrozenTrial) -> None:
-        statuses = [m.status for m in self.known(study).measured.values()]
-        after = self.planner.settings.abort_after_errors
-        if len(statuses) >= after and all(s == "error" for s in statuses):
-            last = trial.user_attrs.get(ATTR_MEASUREMENT, {}).get("reason")
-            stop(study, aborted(len(statuses), last))
-
     def run(self, backends: list[BenchmarkBackend]) -> SearchOutcome:
         pool: queue.Queue[BenchmarkBackend] = queue.Queue()
         for b in backends:
             pool.put(b)
-        first = self._first_check()
-        if first is None:
-            timeout = None if self.deadline is None else max(self.deadline - time.monotonic(), 0)
-            self._clear_stop()
-            self.study.optimize(
-                self._objective(pool),
-                n_jobs=len(backends),
-                catch=(TrialFailed,),
-                callbacks=[BudgetCallback(self.max_trials, self._count), self._abort_on_errors],
-                timeout=timeout,
-            )
-        reason = first or stopped(self.study) or self._timeout_or_budget()
-        return SearchOutcome(reason, self.study)
-
-    def _count(self, study: Study) -> int:
-        return self.known(study).executed
-
-    def _first_check(self) -> StopReason | None:
-        """A reason not to start at all (budget spent, or nothing left to do on resume)."""
-        known = self.known(self.study)
-        if known.executed >= self.max_trials:
-            return budget(self.max_trials)
-        if self.auto is not None and known.executed:
-            d = self.planner.decide(known, remaining=self.max_trials - known.executed)
-            return d.stop
-        return None
+        timeout = None if self.deadline is None else max(self.deadline - time.monotonic(), 0)
+        self._clear_stop()
+        self.study.optimize(
+            self._objective(pool), n_jobs=len(backends), catch=(TrialFailed,), timeout=timeout
+        )
+        # The sampler records why it stopped the study; otherwise optimize's timeout ended it.
+        return SearchOutcome(recorded(self.study) or TIMEOUT, self.study)
 
     def _clear_stop(self) -> None:
         # A re-run after a stop decides afresh (a bigger budget, a fixed set-up); a worker
         # joining others at work leaves their answer alone.
         with self.lock():
-            if stopped(self.study) is not None and not self.others_running():
+            if recorded(self.study) is not None and not self.others_running():
                 self.study.set_user_attr(STOP_ATTR, None)
-
-    def _timeout_or_budget(self) -> StopReason:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return TIMEOUT
-        return budget(self.max_trials)

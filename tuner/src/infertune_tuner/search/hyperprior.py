@@ -1,10 +1,10 @@
 """How large and how smooth the performance model's errors are: the posterior's hyperprior.
 
-The posterior (model.py) models log(measured / predicted) of each quantity as a Gaussian process
+The posterior (posterior.py) models log(measured / predicted) of each quantity as a Gaussian process
 whose hyperparameters - an error every configuration shares (`sigma_global`), the size of the
 error in the *shape* of the curves (`sigma_local`) and how far along each feature that shape
-error stays alike (one length scale per feature, `model.FEATURES`) - are not fixed: a run weighs
-a set of hyperparameter settings by how well each explains its own measurements (model.py). This
+error stays alike (one length scale per feature, `posterior.FEATURES`) - are not fixed: a run weighs
+a set of hyperparameter settings by how well each explains its own measurements. This
 module holds where those settings come from: one log-normal distribution per hyperparameter and
 per kind of quantity (`tps`, and each latency metric), fitted across worlds of many forms by
 `fit_hyperprior`:
@@ -36,8 +36,9 @@ from scipy.optimize import minimize
 from scipy.stats import norm, qmc
 
 from infertune_tuner.metrics import LATENCY_METRICS
-from infertune_tuner.search.kernel import N_FEATURES, TREND_FEATURES, Hyper, terms
+from infertune_tuner.search.posterior import FEATURES, TREND_FEATURES, Hyper, terms
 
+N_FEATURES = len(FEATURES)
 N_TRENDS = len(TREND_FEATURES)
 # Quantities pooled into one kind: tok/s/GPU, and each latency metric over its percentiles.
 KINDS = ("tps", *(m.key for m in LATENCY_METRICS))
@@ -105,9 +106,9 @@ class Hyperprior:
     source: str = ""
     worlds: tuple[tuple[str, int], ...] = field(default=())  # family, worlds fitted
 
-    def of(self, key: str) -> KindPrior:
-        """The prior of quantity `key` ('tps' or 'metric/percentile')."""
-        kind = key.split("/", 1)[0]
+    def of(self, kind: str) -> KindPrior:
+        """The prior of a kind of quantity ('tps', or a latency metric's key); a kind the fit
+        had no fields for borrows tok/s/GPU's."""
         table = dict(self.kinds)
         return table.get(kind, table["tps"])
 
@@ -163,7 +164,7 @@ def default_hyperprior() -> Hyperprior:
 @dataclass(frozen=True)
 class Field:
     """One world's residual field of one quantity: log(truth / prediction) at configurations
-    (features as model.features gives them)."""
+    (features as posterior.features gives them)."""
 
     family: str
     kind: str

@@ -1,319 +1,300 @@
-"""The model-guided (`auto`) search: what to measure next, when to stop, how sure it is.
+"""The decision: what to measure next, or why the search stops (pure: no Optuna, no I/O).
 
-Every configuration the memory model does not rule out by a wide margin is a candidate. For the
-untried candidates the posterior (model.py: the performance model as the mean, a Gaussian
-process on the log-errors of the measurements) and the memory-fit model (memory_fit.py) are
-sampled *jointly*; in each draw a candidate *succeeds* when it fits in memory and meets every
-SLO bound, and *beats* the best when it also exceeds the best measured feasible tok/s/GPU by more
-than `SearchSettings.improvement` (2 %). From the draws:
+It reads an `Assessment` (posterior.py) and nothing else:
 
-- confidence = P(no untried candidate beats the best): the probability the optimum was found;
-- the next trial is the candidate with the largest expected gain E[(tok/s/GPU - best*1.02)+ *
-  success];
-- before it stops, every structure (TP x quantization) that could still hold the optimum, given
-  how wrong the model has been on this run, is measured near its predicted best (coverage.py):
-  the posterior's doubt rests on the model, and the model can be wrong about a whole structure;
-- the search stops when P(some untried candidate beats the best) < `stop_probability` (5 %),
-  after confirming the winner: the best configuration, and every finalist whose SLO margin is
-  within measurement noise, is measured a second time and judged on its typical run.
+- **explore** the candidate with the largest expected gain E[(tok/s/GPU - best x 1.02)+ x
+  success] while P(an untried configuration beats the best by more than `improvement`) is at
+  least `stop_probability`; once `confirm_incumbent_after` trials ran, a new incumbent is
+  measured a second time first (a lucky first run would send the search after noise);
+- **cover** every structure (TP size, weight quantization) that could still hold the optimum
+  under the model error the run has seen and was never measured near its predicted best
+  (`gaps`): the posterior's doubt rests on the model, and the model can be wrong about a whole
+  structure;
+- **confirm** the winner before declaring it (`confirmations`): the best, every finalist whose
+  SLO margin is within run-to-run noise, every measured rival with a real chance of beating it,
+  and contenders whose two runs disagree on a bound, measured again and judged on their typical
+  run;
+- **probe**: with nothing feasible measured, the configurations most likely to meet the SLO,
+  `min_probes` of them, before concluding that none can (the prior may be what is wrong);
+- **stop** (`stop_reason`, the one place that decides it, for every sampler): the posterior's
+  verdict (converged, nothing plausibly meets the SLO, everything ruled out), the budget, set-up
+  errors, or nothing left to propose.
 
-While nothing feasible has been measured, "beats" means "succeeds"; the search measures at least
-`min_probes` configurations (the ones most likely to meet the SLO) before it concludes that
-nothing can, since the prior itself may be what is wrong. Every constant is a field of
-`SearchSettings`, with its evidence.
+Every constant is a field of `SearchSettings`, with its evidence.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Literal
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.perfmodel.latency import Prediction
-from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Chances, ConfigOut
-from infertune_tuner.search.belief import believed
-from infertune_tuner.search.classify import Exclusion, Ruling, classify
-from infertune_tuner.search.confirm import confirmations
-from infertune_tuner.search.coverage import CoverageInput, Gap, gaps
-from infertune_tuner.search.evidence import Known
-from infertune_tuner.search.joint import Posterior, log_bound
-from infertune_tuner.search.memory_fit import FitModel, memory_margin, ruled_out
-from infertune_tuner.search.plausibility import decode_bound
-from infertune_tuner.search.residuals import bound_key, predicted, residuals, tie
-from infertune_tuner.search.settings import SearchSettings, stop_probability_for
-from infertune_tuner.space import SearchSpace
-from infertune_tuner.stop import StopKind, StopReason
+from infertune_tuner.search.evidence import Decision, Evidence
+from infertune_tuner.search.posterior import TPS, Assessment, Prior, QuantityKey
+from infertune_tuner.stop import StopKind, StopReason, aborted, budget
+
+if TYPE_CHECKING:
+    from infertune_tuner.search.settings import SearchSettings
 
 Purpose = Literal["explore", "confirm", "probe", "cover"]
 
 
+# ------------------------------------------------------------------ coverage
+
+
+@dataclass(frozen=True, order=True)
+class Structure:
+    """One tensor-parallel size or one weight quantization of the space. bf16 and fp16 weights
+    are one structure (their twins' name): a measurement of either shows how the other runs."""
+
+    dimension: Literal["tp", "quantization"]
+    value: str  # "4", "fp8", or twins such as "bf16/fp16"
+
+    @classmethod
+    def of(cls, cfg: TrialConfig, prior: Prior) -> tuple[Structure, Structure]:
+        tp, weights = prior.structure.get(cfg, (str(cfg.tp), cfg.quantization))
+        return cls("tp", tp), cls("quantization", weights)
+
+    def label(self) -> str:
+        return f"TP{self.value}" if self.dimension == "tp" else self.value
+
+
 @dataclass(frozen=True)
-class Decision:
-    """What to do next: measure `config` (for `purpose`), or stop (`stop`)."""
+class Gap:
+    """A structure that could hold the optimum and has no valid measurement near its target."""
 
-    config: TrialConfig | None
-    purpose: Purpose = "explore"
-    stop: StopReason | None = None
-    confidence: float | None = None
-    chances: Chances | None = None  # what the posterior gave `config` (recorded on its trial)
+    structure: Structure
+    target: TrialConfig
 
 
-@dataclass
-class Assessment:
-    """The joint posterior over the configurations that could still change the answer.
+def model_error(residuals: Mapping[TrialConfig, float], floor: float) -> float:
+    """The error to allow: the largest |log(measured / predicted)| seen, at least `floor`."""
+    return max([floor, *(abs(y) for y in residuals.values())])
 
-    Indexes refer to `pool`: the untried candidates, then the in-flight configurations, then
-    the measured feasible ones (whose true tok/s/GPU is known only up to measurement noise)."""
 
-    best: TrialConfig | None
-    best_tps: float
-    candidates: list[TrialConfig]  # untried, not ruled out
-    pool: list[TrialConfig]
-    p_beat: np.ndarray  # P(succeeds and beats the incumbent by > settings.improvement)
-    p_success: np.ndarray  # P(fits and meets every SLO bound); 1 for measured feasible ones
-    p_fit: np.ndarray
-    gain: np.ndarray  # expected gain over incumbent * (1 + settings.improvement)
-    estimate: np.ndarray  # the posterior's median tok/s/GPU
-    p_any: float  # P(some configuration, measured or not, beats the incumbent)
-    p_untried: float  # P(some untried or in-flight configuration beats the incumbent)
-    ruled: dict[TrialConfig, Ruling] = field(default_factory=dict)  # why no candidate
+def could_win(
+    cfg: TrialConfig,
+    prior: Prior,
+    settings: SearchSettings,
+    *,
+    best: TrialConfig | None,
+    best_tps: float,
+    errors: Mapping[QuantityKey, Mapping[TrialConfig, float]],
+    own_errors: Mapping[QuantityKey, Mapping[TrialConfig, float]],
+) -> bool:
+    """Whether `cfg` could beat the incumbent `best` under the model error the run has seen
+    (`errors`: log(measured / predicted) per quantity and configuration; `own_errors`: a tied
+    bound's part of its own), never assumed below `coverage_floor`: its predicted tok/s/GPU moved
+    by the incumbent's own error and then by that error in its favour beats the incumbent by more
+    than the improvement (and the decode bound allows it); and each bounded latency meets its
+    bound in that same world (a latency Little's law ties to tok/s/GPU moves with it, plus the
+    median of its own part and the largest departure of its own part the run has seen; TTFT by
+    the median error measured for its bound and then by the model error in its favour)."""
+    floor, improvement = settings.coverage_floor, settings.improvement
+    shift: float | None = None  # the tok/s/GPU log error of the world considered
+    if best is not None:
+        need = math.log(best_tps * (1 + improvement))
+        tps = errors.get(TPS, {})
+        shift = tps.get(best, 0.0) + model_error(tps, floor)
+        if math.log(prior.tps[cfg]) + shift <= need:
+            return False
+        if prior.decode_bound[cfg] <= best_tps * (1 + improvement):
+            return False
+    for b in prior.bounds:
+        seen = errors.get(b.key, {})
+        own = list(own_errors.get(b.key, {}).values())
+        if b.tie and shift is not None and own:
+            center = statistics.median(own)
+            error = b.tie * shift + center - max(abs(v - center) for v in own)
+        else:
+            center = statistics.median(seen.values()) if seen else 0.0
+            error = center - model_error(seen, floor)
+        if math.log(max(b.predicted[cfg], 1e-9)) + error > math.log(b.bound.max_ms):
+            return False
+    return True
 
-    @property
-    def confidence(self) -> float:
-        return 1.0 - self.p_any
 
-    def of(self, cfg: TrialConfig) -> int | None:
-        try:
-            return self.pool.index(cfg)
-        except ValueError:
-            return None
+def gaps(a: Assessment, prior: Prior, settings: SearchSettings) -> list[Gap]:
+    """Every structure that could hold the optimum and is not covered, with its target (the
+    candidate of the structure the model predicts the most tok/s/GPU for, among those that
+    could win), the most promising target first.
+
+    A structure is covered when its target was measured, or a configuration of it within
+    `cover_batch_factor` of the target's batch was measured validly and either met every bound
+    or ran a batch no larger than the target's (a larger neighbour that missed says where the
+    structure stops working, not how well it works below that); it gets at most `max_covers`
+    coverage measurements. A space with one TP (one quantization) has nothing to compare."""
+    ev = a.evidence
+    valid = frozenset(o.config for o in a.residuals.observations[TPS])
+    near_log = math.log(settings.cover_batch_factor)
+    structures = sorted({s for c in prior.universe for s in Structure.of(c, prior)})
+    out = []
+    for s in structures:
+        if len({t.value for t in structures if t.dimension == s.dimension}) < 2:
+            continue  # the only TP (quantization) of the space: nothing to compare it with
+        if sum(1 for c in ev.covers if s in Structure.of(c, prior)) >= settings.max_covers:
+            continue  # covered as far as the rule goes: the posterior judges the rest
+        contenders = [
+            c for c in a.candidates
+            if s in Structure.of(c, prior) and could_win(
+                c, prior, settings, best=a.best, best_tps=a.best_tps,
+                errors=a.residuals.by_config, own_errors=a.residuals.own_by_config,
+            )
+        ]  # fmt: skip
+        if not contenders:
+            continue
+        target = max(contenders, key=lambda c: (prior.tps[c], c))
+        near = any(
+            s in Structure.of(m, prior)
+            and abs(math.log(m.max_batch_size / target.max_batch_size)) <= near_log + 1e-9
+            and (m in ev.feasible or m.max_batch_size <= target.max_batch_size)
+            for m in valid
+        )
+        if target not in valid and not near:
+            out.append(Gap(s, target))
+    return sorted(out, key=lambda g: (prior.tps[g.target], g.target), reverse=True)
+
+
+# ------------------------------------------------------------------ confirmations
+
+
+def confirmations(
+    ev: Evidence,
+    best: TrialConfig,
+    rivals: set[TrialConfig],
+    settings: SearchSettings,
+    doubted: set[TrialConfig] | None = None,
+) -> list[TrialConfig]:
+    """The configurations to measure again, the incumbent first.
+
+    One run is one draw from a configuration's distribution. Before the search stops it
+    measures again: the incumbent; every finalist within `improvement` of it whose SLO margin is
+    within `confirm_margin`; every measured rival with a real chance (>= `stop_probability`) of
+    beating it (`rivals`). A contender whose two runs disagree on an SLO bound is measured a
+    third time: its typical run decides which side it is on. A rival the posterior holds more
+    likely than not the better (`doubted`: its runs and the incumbent's disagree with what their
+    neighbours say) and the incumbent are measured until each has `tie_repeats` runs. A
+    configuration another worker is measuring again is confirmed there."""
+    best_tps = ev.measured[best].output_tokens_per_s_per_gpu or 0.0
+    runs = ev.counts
+    out = [best] if runs.get(best, 0) < 2 and best not in ev.in_flight else []
+    for cfg, m in ev.feasible.items():
+        if cfg == best or runs.get(cfg, 0) >= 2 or cfg in ev.in_flight:
+            continue
+        if cfg in rivals:
+            out.append(cfg)
+            continue
+        if (m.output_tokens_per_s_per_gpu or 0.0) * (1 + settings.improvement) < best_tps:
+            continue
+        if ev.room[cfg] < settings.confirm_margin:
+            out.append(cfg)
+    out += [c for c in straddling(ev, best_tps, settings) if c not in out]
+    if doubted:
+        for cfg in [best, *sorted(doubted)]:
+            short = runs.get(cfg, 0) < settings.tie_repeats
+            if short and cfg not in out and cfg not in ev.in_flight:
+                out.append(cfg)
+    return out
+
+
+def straddling(ev: Evidence, best_tps: float, settings: SearchSettings) -> list[TrialConfig]:
+    """Contenders measured twice whose repeats disagree on an SLO bound: a third run decides."""
+    out = []
+    for cfg, meets in ev.runs_meet.items():
+        if len(meets) != 2 or None in meets or cfg in ev.in_flight:
+            continue
+        tps = ev.measured[cfg].output_tokens_per_s_per_gpu or 0.0
+        if tps * (1 + settings.improvement) < best_tps:
+            continue
+        if len(set(meets)) == 2:
+            out.append(cfg)
+    return out
+
+
+# ------------------------------------------------------------------ the stop rule
+
+
+def stop_reason(
+    ev: Evidence,
+    *,
+    remaining: int,
+    max_trials: int,
+    settings: SearchSettings,
+    wants_trial: bool,
+    verdict: StopReason | None = None,
+) -> StopReason | None:
+    """Why the search stops now, or None: decided here for every sampler.
+
+    Args:
+        ev: What the study has measured and has in flight.
+        remaining: Trials left in the budget (executed and in flight taken off).
+        max_trials: The budget.
+        settings: `abort_after_errors`.
+        wants_trial: Whether the sampler would start a trial now (a configuration to measure);
+            False while it waits for trials in flight.
+        verdict: The sampler's own reason (the posterior's: converged, nothing plausibly meets
+            the SLO, everything ruled out; a guarded sampler's: nothing left to propose). It
+            comes first.
+    """
+    if verdict is not None:
+        return verdict
+    if (wants_trial and remaining <= 0) or ev.executed >= max_trials:
+        return budget(max_trials)
+    statuses = [m.status for m in ev.measured.values()]
+    if len(statuses) >= settings.abort_after_errors and all(s == "error" for s in statuses):
+        last = [m for ms in ev.runs.values() for m in ms][-1].reason
+        return aborted(len(statuses), last)
+    return None
+
+
+# ------------------------------------------------------------------ the decision
 
 
 class Planner:
-    """Ranks candidates and applies the stop rule for one request (pure: no Optuna, no I/O)."""
+    """Decides the next trial of one study from an assessment.
 
-    def __init__(
-        self,
-        request: TuningRequest,
-        space: SearchSpace,
-        priors: dict[TrialConfig, Prediction],
-        *,
-        seed: int = 0,
-        settings: SearchSettings | None = None,
-    ) -> None:
-        self.request = request
-        self.priors = priors
-        self.seed = seed
-        self.settings = settings if settings is not None else SearchSettings()
-        if (confidence := request.tuning.confidence) is not None:  # the user's target wins
-            self.settings = replace(
-                self.settings, stop_probability=stop_probability_for(confidence)
-            )
-        gpu_mem = request.resolve_gpu().memory_gib
-        self.margin = {c: memory_margin(priors[c], gpu_mem) for c in space.configs}
-        self.universe = [c for c in space.configs if not ruled_out(self.margin[c])]
-        self.keys = [bound_key(b) for b in request.slo]
+    Args:
+        prior: The space's predictions and fixed facts.
+        settings: The search's constants (the request's confidence target applied).
+        max_trials: The budget (executed trials, confirmations included).
+    """
 
-    # -- the posterior
+    def __init__(self, prior: Prior, settings: SearchSettings, *, max_trials: int) -> None:
+        self.prior = prior
+        self.settings = settings
+        self.max_trials = max_trials
 
-    def posterior(self, known: Known) -> Posterior:
-        """The posterior of every quantity, given the run's valid measurements (joint.py)."""
-        return Posterior.fit(residuals(self.request, self.priors, known), self.settings.hyperprior)
-
-    def gaps(self, known: Known, a: Assessment) -> list[Gap]:
-        """The structures that could hold the optimum and were not measured near their
-        predicted best (coverage.py)."""
-        r = residuals(self.request, self.priors, known)
-        model, gpu = self.request.resolve_model(), self.request.resolve_gpu()
-        data = CoverageInput(
-            universe=self.universe,
-            candidates=a.candidates,
-            valid=frozenset(o.config for o in r.observations["tps"]),
-            feasible=frozenset(known.feasible()),
-            residuals=r.by_config(),
-            own={k: {o.config: o.log_ratio for o in v} for k, v in r.own.items()},
-            incumbent=a.best,
-            incumbent_tps=a.best_tps,
-            priors=self.priors,
-            bounds=[
-                (k, b, partial(predicted, b=b), tie(k))
-                for k, b in zip(self.keys, self.request.slo, strict=True)
-            ],
-            decode_bound=lambda c: decode_bound(model, gpu, c),
-            covers=known.covers,
-        )
-        st = self.settings
-        return gaps(
-            data, floor=st.coverage_floor, improvement=st.improvement, max_covers=st.max_covers
-        )
-
-    def believe(self, known: Known) -> Known:
-        """`known`, with each configuration in flight believed measured at its posterior mean
-        (the "kriging believer" of batch Bayesian optimisation; see belief.py). Parallel
-        workers then propose jointly: each proposal treats the others' trials in flight as
-        results, the incumbent they may set included, and looks elsewhere."""
-        flying = sorted(c for c in known.in_flight - set(known.measured) if c in self.priors)
-        if not flying:
-            return known
-        p_fit = self._fit_model(known).probability(np.array([self.margin[c] for c in flying]))
-        return believed(self.request, known, flying, self.priors, self.posterior(known), p_fit)
-
-    def _fit_model(self, known: Known) -> FitModel:
-        """Fits = the KV cache held max-batch sequences: an OOM or a capped run says no."""
-        outcomes = [
-            (self.margin[c], m.status != "oom" and not m.capped(c.max_batch_size))
-            for c, m in known.measured.items()
-            if c in self.margin and m.status in ("ok", "oom")
-        ]
-        return FitModel.learn(outcomes)
-
-    def ruling(self, cfg: TrialConfig, known: Known) -> Ruling | None:
-        """Why `cfg` is not a candidate now, or None (classify.py decides)."""
-        return classify(
-            cfg, known, memory_ruled_out=ruled_out(self.margin[cfg]),
-            memory_reason=self.priors[cfg].memory.reason,
-            dominance_margin=self.settings.dominance_margin,
-        )  # fmt: skip
-
-    def admissible(self, known: Known) -> set[TrialConfig]:
-        """What a wrapped Optuna sampler may propose: every configuration of the space that is
-        a candidate (not ruled out, not measured, not in flight)."""
-        return {c for c in self.margin if self.ruling(c, known) is None}
-
-    def candidates(self, known: Known) -> tuple[list[TrialConfig], dict[TrialConfig, Ruling]]:
-        """Untried candidates, and why every other unmeasured configuration of the memory
-        model's universe is not one (a measured neighbour or twin rules it out).
+    def decide(self, ev: Evidence, a: Assessment, *, remaining: int | None = None) -> Decision:
+        """The next trial, or why to stop.
 
         Args:
-            known: What the study has measured and has in flight.
-        """
-        out, ruled = [], {}
-        for c in self.universe:
-            why = self.ruling(c, known)
-            if why is None:
-                out.append(c)
-            elif why.exclusion not in (Exclusion.MEASURED, Exclusion.IN_FLIGHT):
-                ruled[c] = why
-        return out, ruled
-
-    def _marginal(
-        self, cands: list[TrialConfig], post: Posterior, fit: FitModel, threshold: float
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per candidate on its own (no correlation between candidates): P(success), P(fit)
-        and P(succeeds and beats `threshold`)."""
-        if not cands:
-            z = np.zeros(0)
-            return z, z, z
-        log_prior = np.log([self.priors[c].output_tokens_per_s_per_gpu for c in cands])
-        bounds: dict[str, np.ndarray] = {}
-        for b, key in zip(self.request.slo, self.keys, strict=True):
-            limit = log_bound(b.max_ms, np.array([predicted(self.priors[c], b) for c in cands]))
-            bounds[key] = np.minimum(bounds[key], limit) if key in bounds else limit
-        floor = self.request.min_output_tokens_per_s_per_gpu
-        low = None if floor is None else math.log(floor) - log_prior
-        p_fit = fit.probability(np.array([self.margin[c] for c in cands]))
-        p_success = post.success(cands, bounds, low) * p_fit
-        if threshold <= 0:
-            return p_success, p_fit, p_success
-        above = math.log(threshold) - log_prior
-        above = above if low is None else np.maximum(above, low)
-        return p_success, p_fit, post.success(cands, bounds, above) * p_fit
-
-    def assess(self, known: Known, *, include_in_flight: bool = True) -> Assessment:
-        """Sample the posterior jointly over the untried, in-flight and measured feasible.
-
-        Candidates whose marginal chance to beat the incumbent is negligible (< `negligible`,
-        with the incumbent's own noise allowed for) are left out of the joint draws; they keep
-        their marginal probabilities.
-
-        Args:
-            known: What the study has measured and has in flight.
-            include_in_flight: Count in-flight configurations as chances to beat the incumbent
-                (a search must not stop while one may still win; the report leaves them out).
+            ev: What the study has measured and has in flight (the budget counts it).
+            a: The assessment of that evidence (trials in flight believed).
+            remaining: Trials left in the budget (the last one confirms the incumbent); None:
+                no budget (an oracle's look ahead).
 
         Returns:
-            An `Assessment`: per configuration of its pool (candidates, in flight, measured
-            feasible) the probabilities to succeed, fit and beat the incumbent and the expected
-            gain, and P(some configuration beats the incumbent) overall and among the untried.
+            A `Decision`: a configuration and its purpose; or no configuration and a stop
+            reason; or neither (wait: only an in-flight trial may still change the answer).
         """
-        st = self.settings
-        cands, ruled = self.candidates(known)
-        flying = sorted(known.in_flight - set(known.measured)) if include_in_flight else []
-        best = known.best()
-        feasible = sorted(known.feasible())
-        post = self.posterior(known)
-        fit_model = self._fit_model(known)
-        slack = 0.0
-        if best is not None:
-            slack = 3 * float(post.tps.marginal([best])[1][0])
-        threshold = known.best_tps() * (1 + st.improvement) * math.exp(-slack)
-        m_success, m_fit, m_beat = self._marginal(cands, post, fit_model, threshold)
-        order = np.argsort(-m_beat, kind="stable")
-        keep = [i for i in order if m_beat[i] >= st.negligible] or list(order[:1])
-        keep = sorted(set(keep) | set(order[: st.joint_at_least].tolist()))
-        joint = [cands[i] for i in keep] + flying
-        pool = joint + feasible
-        n, m = st.draws, len(pool)
-        rng = np.random.default_rng([self.seed, known.executed, m])
-        prior_tps = np.array([self.priors[c].output_tokens_per_s_per_gpu for c in pool])
-        tps_err, lat_err = post.sample(pool, n, rng, joint)
-        tps = prior_tps * np.exp(tps_err)
-        untested = len(joint)
-        success = np.ones((n, m), dtype=bool)
-        for b, key in zip(self.request.slo, self.keys, strict=True):
-            pred = np.array([predicted(self.priors[c], b) for c in joint])
-            success[:, :untested] &= pred * np.exp(lat_err[key]) <= b.max_ms
-        if self.request.min_output_tokens_per_s_per_gpu is not None:
-            success[:, :untested] &= (
-                tps[:, :untested] >= self.request.min_output_tokens_per_s_per_gpu
-            )
-        margins = np.array([self.margin[c] for c in joint])
-        delta = fit_model.sample(n, rng)
-        success[:, :untested] &= (margins[None, :] + delta[:, None]) > 0
-        if best is not None:
-            inc = pool.index(best)
-            line = (1 + st.improvement) * tps[:, inc : inc + 1]
-            beats = success & (tps > line)
-            beats[:, inc] = False
-        else:
-            line = np.zeros((n, 1))
-            beats = success.copy()
-        gain = np.where(beats, tps - line, 0.0).mean(axis=0)
-        # Arrays over all candidates (marginal where not drawn jointly), then the rest of the pool.
-        full = cands + flying + feasible
-        p_beat = np.concatenate([m_beat, np.zeros(len(flying) + len(feasible))])
-        p_success = np.concatenate([m_success, np.ones(len(flying) + len(feasible))])
-        p_fit = np.concatenate([m_fit, np.ones(len(flying) + len(feasible))])
-        g = np.zeros(len(full))
-        for j, c in enumerate(pool):
-            i = full.index(c) if j >= len(keep) else keep[j]
-            p_beat[i], p_success[i], g[i] = beats[:, j].mean(), success[:, j].mean(), gain[j]
-        return Assessment(
-            best=best,
-            best_tps=known.best_tps(),
-            candidates=cands,
-            pool=full,
-            p_beat=p_beat,
-            p_success=p_success,
-            p_fit=p_fit,
-            gain=g,
-            estimate=np.array([self.priors[c].output_tokens_per_s_per_gpu for c in full])
-            * np.exp(post.tps.marginal(full)[0]),
-            p_any=float(beats.any(axis=1).mean()) if m else 0.0,
-            p_untried=float(beats[:, :untested].any(axis=1).mean()) if untested else 0.0,
-            ruled=ruled,
-        )
-
-    # -- the decision
+        d = self._next(a, remaining)
+        if remaining is None:
+            return d
+        why = stop_reason(
+            ev, remaining=remaining, max_trials=self.max_trials, settings=self.settings,
+            wants_trial=d.config is not None, verdict=d.stop,
+        )  # fmt: skip
+        return Decision(None, stop=why, confidence=a.confidence) if why is not None else d
 
     def _measure(self, a: Assessment, cfg: TrialConfig, purpose: Purpose) -> Decision:
-        """Measure `cfg`, with the chances the posterior gives it (`a`) recorded."""
-        i = a.of(cfg)
+        """Measure `cfg`, with the chances the posterior gives it recorded."""
+        i = a.index.get(cfg)
         chances = None
         if i is not None:
             chances = Chances(
@@ -326,39 +307,24 @@ class Planner:
             )
         return Decision(cfg, purpose, confidence=a.confidence, chances=chances)
 
-    def _confirmations(self, known: Known, a: Assessment) -> list[TrialConfig]:
+    def _confirmations(self, a: Assessment) -> list[TrialConfig]:
         if a.best is None:
             return []
-        chance = {c: float(a.p_beat[i]) for c in known.feasible() if (i := a.of(c)) is not None}
-        rivals = {c for c, p in chance.items() if p >= self.settings.stop_probability}
-        # The posterior holds these more likely than not the better: their runs' order is in doubt.
-        doubted = {c for c in rivals if chance[c] >= self.settings.tie_doubt}
-        return confirmations(self.request, known, a.best, rivals, self.settings, doubted)
+        ev, st = a.evidence, self.settings
+        chance = {c: float(a.p_beat[i]) for c in ev.feasible if (i := a.index.get(c)) is not None}
+        rivals = {c for c, p in chance.items() if p >= st.stop_probability}
+        doubted = {c for c in rivals if chance[c] >= st.tie_doubt}
+        return confirmations(ev, a.best, rivals, st, doubted)
 
-    def explore_pick(self, known: Known, a: Assessment) -> TrialConfig:
+    def explore_pick(self, a: Assessment) -> TrialConfig:
         """The candidate to explore: the one with the largest expected gain. (The benchmark's
         oracle, benchmarks/oracle.py, overrides this with a choice that knows the truth.)"""
         return a.candidates[int(np.argmax(a.gain[: len(a.candidates)]))]
 
-    def decide(self, known: Known, *, remaining: int | None = None) -> Decision:
-        """The next trial, or why to stop.
-
-        Args:
-            known: What the study has measured and has in flight.
-            remaining: Trials left in the budget (the last one confirms the incumbent).
-
-        Returns:
-            A `Decision`: a configuration and its purpose (`explore`, `probe`, `confirm`); or no
-            configuration and a stop reason (converged, nothing plausibly meets the SLO, all
-            ruled out); or neither, when only an in-flight trial may still change the answer.
-            `confidence` is P(no configuration beats the incumbent by more than 2 %).
-            Configurations in flight count as measured at their posterior mean (`believe`).
-        """
-        st = self.settings
-        known = self.believe(known)
-        a = self.assess(known)
+    def _next(self, a: Assessment, remaining: int | None) -> Decision:
+        st, ev = self.settings, a.evidence
         conf = a.confidence
-        confirm = self._confirmations(known, a)
+        confirm = self._confirmations(a)
         n_cands = len(a.candidates)
         worth = st.min_expected_gain * a.best_tps
         explore = (
@@ -367,20 +333,20 @@ class Planner:
         if confirm and remaining == 1:
             return self._measure(a, confirm[0], "confirm")
         early = st.confirm_incumbent_after
-        if (explore and early and a.best is not None and known.executed >= early
-                and known.repeats(a.best) < 2 and a.best not in known.in_flight):  # fmt: skip
+        if (explore and early and a.best is not None and ev.executed >= early
+                and ev.counts.get(a.best, 0) < 2 and a.best not in ev.in_flight):  # fmt: skip
             # Exploration measures against the incumbent: a lucky first run of it would send the
             # search after configurations that beat noise. Its second run comes first.
             return self._measure(a, a.best, "confirm")
         if explore:
-            return self._measure(a, self.explore_pick(known, a), "explore")
-        if (holes := self.gaps(known, a)) and (remaining is None or remaining > 1):
+            return self._measure(a, self.explore_pick(a), "explore")
+        if (holes := gaps(a, self.prior, st)) and (remaining is None or remaining > 1):
             return self._measure(a, holes[0].target, "cover")
         if confirm:
             return self._measure(a, confirm[0], "confirm")
-        if known.in_flight:
+        if ev.in_flight:
             return Decision(None, confidence=conf)  # wait: an in-flight trial may still win
-        probes = sum(1 for m in known.measured.values() if m.status == "ok")
+        probes = sum(1 for m in ev.measured.values() if m.status == "ok")
         if a.best is None and probes < st.min_probes and a.candidates:
             i = int(np.argmax(a.p_success[: len(a.candidates)]))
             return self._measure(a, a.candidates[i], "probe")
@@ -390,7 +356,7 @@ class Planner:
                 f"{st.improvement:.0%}) = {a.p_untried:.1%} < {100 * st.stop_probability:.3g}%; "
                 f"confidence the optimum was found: {conf:.1%}"
             )), confidence=conf)  # fmt: skip
-        if not a.candidates and not known.measured:
+        if not a.candidates and not ev.measured:
             return Decision(None, stop=StopReason(
                 StopKind.RULED_OUT, "every configuration that could fit is ruled out"
             ))  # fmt: skip
