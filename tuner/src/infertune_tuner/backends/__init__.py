@@ -54,8 +54,8 @@ def make_backend(
         # A real tritonserver on this machine (the nvidia-pytriton wheel) serving infertune's
         # Python-backend model with the body named after the colon (runtime/local_triton.py).
         from infertune_tuner.backends.triton import TritonBackend
-        from infertune_tuner.pymodel.spec import BODIES
         from infertune_tuner.runtime.local_triton import LocalTritonRuntime
+        from infertune_tuner.triton_model.spec import BODIES
 
         body = spec.removeprefix("triton:")
         if body not in BODIES:

@@ -155,7 +155,7 @@ class Engine:
 
     def admit(self) -> list[Sequence]:
         """Admit what fits (step 1 above) and return the admitted sequences. A server that runs
-        real compute (pymodel's PyTorch body) schedules with this and times the step itself."""
+        real compute (triton_model's PyTorch body) schedules with this and times the step itself."""
         self._drop_cancelled()
         admitted: list[Sequence] = []
         budget = self.max_num_tokens - len(self.active)
