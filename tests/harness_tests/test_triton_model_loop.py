@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
+from infertune_tuner.catalog.llms import get_model
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.harness.engine import Engine, Sequence
 from infertune_tuner.triton_model.loop import ServingLoop, SimulatedBody

@@ -18,7 +18,7 @@ from worlds.closed_loop import run_loop  # noqa: E402
 from worlds.families import CAPTURED_BATCHES, knobs_for  # noqa: E402
 
 from infertune_tuner.catalog.gpus import get_gpu  # noqa: E402
-from infertune_tuner.catalog.models import get_model  # noqa: E402
+from infertune_tuner.catalog.llms import get_model  # noqa: E402
 from infertune_tuner.config import TrialConfig  # noqa: E402
 from infertune_tuner.errors import InputError  # noqa: E402
 from infertune_tuner.metrics import ITL, TTFT  # noqa: E402

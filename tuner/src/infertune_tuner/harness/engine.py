@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.stats import BenchResult, compute
 from infertune_tuner.harness.trace import RequestTrace
