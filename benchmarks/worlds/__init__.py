@@ -2,8 +2,8 @@
 
 The tuner benchmark (worldset.py, tuner_efficiency.py) and tests use them to check that the
 search stays right when the pool bends the curves in ways the prior does not know (see
-families.py for what each family stands for). They are not a product backend: a tuning runs against
-one as an instance, `tune(request, backend=WorldBackend(request, family), ...)`.
+families.py for what each family stands for). They are not a product backend: a tuning runs
+against one as an instance, `tune(request, backend=WorldBackend(request, family), ...)`.
 """
 
 from worlds.backend import WorldBackend
