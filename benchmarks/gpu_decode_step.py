@@ -243,7 +243,7 @@ def _measure(out: Path, repeats: int) -> None:
 
 def _compare(path: Path) -> None:
     from infertune_tuner.catalog.gpus import GPUS
-    from infertune_tuner.catalog.models import get_model
+    from infertune_tuner.catalog.llms import get_model
     from infertune_tuner.config import TrialConfig
     from infertune_tuner.perfmodel.factors import Efficiency, default_efficiency
     from infertune_tuner.perfmodel.latency import StepModel
@@ -296,7 +296,7 @@ def _compare(path: Path) -> None:
 
 
 def _compare_prefill(rows: list[dict[str, Any]], gpu: Any, fitted: Any, roofline: Any) -> None:
-    from infertune_tuner.catalog.models import get_model
+    from infertune_tuner.catalog.llms import get_model
     from infertune_tuner.config import TrialConfig
     from infertune_tuner.perfmodel.latency import StepModel
 

@@ -3,8 +3,8 @@
 Each trial is what `infertune tune --backend triton:torch` runs: infertune renders the model
 repository (config.pbtxt + model.yaml as for TensorRT-LLM), a real `tritonserver` (the
 nvidia-pytriton wheel) loads it with infertune's Python-backend model, whose body is a
-Llama-shaped PyTorch model with random weights on the local GPU (pymodel/torch_body.py), and the
-load generator drives it over gRPC. The grid's measurements become a replay table (and the
+Llama-shaped PyTorch model with random weights on the local GPU (triton_model/torch_body.py), and
+the load generator drives it over gRPC. The grid's measurements become a replay table (and the
 InferenceDeployment that searches it), so the tuner can be judged on a world nobody here wrote:
 
     python benchmarks/gpu_world.py measure --out DIR          # on a machine with a GPU

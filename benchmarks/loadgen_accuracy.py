@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
+from infertune_tuner.catalog.llms import get_model
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.engine import modelled_steady_state
 from infertune_tuner.harness.loadgen import LoadSpec

@@ -13,7 +13,7 @@ import itertools
 import time
 
 from infertune_tuner.catalog.gpus import GPUS
-from infertune_tuner.catalog.models import MODELS
+from infertune_tuner.catalog.llms import MODELS
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.perfmodel import predict
 

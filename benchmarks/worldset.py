@@ -2,7 +2,7 @@
 
 Two sources:
 
-- **own families** (`infertune_tuner.backends.worlds`): 12 scenarios (7 GPUs, 7 models, TTFT/ITL/
+- **own families** (`benchmarks/worlds/`): 12 scenarios (7 GPUs, 7 models, TTFT/ITL/
   E2E bounds at p50/p95/p99, spaces of 108-264 configurations) x 8 world families, each a
   simulated pool whose behaviour differs in form from the performance model (docs/tuning.md);
 - **the development set** (`benchmarks/dev-worlds/`, a copy of the tuner-worlds set: replay tables
@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from worlds import FAMILIES, WorldBackend
 
 from infertune_tuner import slo as slo_mod
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.backends.replay import load_table
-from infertune_tuner.backends.worlds import FAMILIES, WorldBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES, latency_metric

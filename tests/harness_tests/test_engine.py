@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
+from infertune_tuner.catalog.llms import get_model
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.engine import (
     Engine,

@@ -1,5 +1,5 @@
 """Trials against a real `tritonserver` (the nvidia-pytriton wheel) serving infertune's rendered
-repository with its Python-backend model (runtime/local_triton.py, pymodel/).
+repository with its Python-backend model (runtime/local_triton.py, triton_model/).
 
 These tests never skip: when the server cannot start here they fail with what is missing (the
 dev extra installs the wheel; the stub needs the system's shared libpython3.X).

@@ -32,12 +32,12 @@ from infertune_tuner.harness.prompts import RequestTemplate
 from infertune_tuner.harness.protocol import EMPTY_FINAL, Stream, is_final, open_channel
 from infertune_tuner.harness.runner import ServerProcess, free_ports, wait_ready
 from infertune_tuner.harness.tokens import TokenSource
-from infertune_tuner.pymodel.responses import ResponsePlan
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import SERVED_MODEL, Ports
 from infertune_tuner.runtime.local_triton import MODEL_PY, LocalTritonRuntime
 from infertune_tuner.search.evidence import judge
 from infertune_tuner.search.settings import SearchSettings
+from infertune_tuner.triton_model.responses import ResponsePlan
 
 BATCH = 4
 CONFIG = TrialConfig(1, BATCH, "fp8", "auto")

@@ -10,7 +10,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from infertune_tuner.harness.tokens import TokenSource, count
-from infertune_tuner.pymodel.responses import ResponsePlan, Send
+from infertune_tuner.triton_model.responses import ResponsePlan, Send
 
 Tensor = service_pb2.ModelInferResponse.InferOutputTensor
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
+from infertune_tuner.catalog.llms import get_model
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.perfmodel import predict
 from infertune_tuner.perfmodel.factors import BORROWED, default_efficiency

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from infertune_operator.api.manifest import validate_document
 from infertune_operator.cli import app
 from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import MODELS, get_model, model_from_hf_config
+from infertune_tuner.catalog.llms import MODELS, get_model, model_from_hf_config
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.errors import InputError
 from infertune_tuner.perfmodel import predict

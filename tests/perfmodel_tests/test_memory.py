@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infertune_tuner.catalog.gpus import GPUS, get_gpu
-from infertune_tuner.catalog.models import MODELS, get_model, model_from_hf_config
+from infertune_tuner.catalog.llms import MODELS, get_model, model_from_hf_config
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.errors import InputError
 from infertune_tuner.perfmodel.memory import (

@@ -44,8 +44,8 @@ def test_no_source_module_over_400_lines() -> None:
 # Imported only inside a guard that works without them (say so where they are imported).
 OPTIONAL_IMPORTS = {
     "huggingface_hub",  # runtime/weights.py: the tuner image ships it
-    "torch",  # pymodel/torch_body.py: only `--backend triton:torch`, on a GPU machine
-    # pymodel/model.py: runs inside Triton's Python-backend stub, which provides it
+    "torch",  # triton_model/torch_body.py: only `--backend triton:torch`, on a GPU machine
+    # triton_model/model.py: runs inside Triton's Python-backend stub, which provides it
     "triton_python_backend_utils",
     # runtime/llmapi_trial_model.py: a trial's model.py, beside the image's LLM-API model
     "helpers",

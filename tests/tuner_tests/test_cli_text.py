@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from infertune_operator.cli import app
 from infertune_operator.cli_catalog import column_widths
 from infertune_tuner.catalog.gpus import GPUS
-from infertune_tuner.catalog.models import MODELS
+from infertune_tuner.catalog.llms import MODELS
 
 WIDTHS = ["40", "60", "80", "200"]
 

@@ -39,6 +39,8 @@ def test_bad_input_exits_2(tmp_path: Path, cli: CliRunner) -> None:
     for args, message in (
         (["tune", str(tmp_path / "missing.yaml")], "no such file"),
         (["tune", str(EXAMPLE), "--backend", "gpu-cloud"], "unknown backend"),
+        # The benchmark's world families are benchmark code (benchmarks/worlds), not a backend.
+        (["tune", str(EXAMPLE), "--backend", "world:mixed"], "unknown backend"),
         (["tune", str(EXAMPLE), "--backend", f"replay:{tmp_path / 'none.csv'}"], "replay table"),
         (["tune", str(EXAMPLE), "--sampler", "bayes"], "--sampler"),
     ):

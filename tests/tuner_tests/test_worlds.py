@@ -1,25 +1,30 @@
-"""Simulated pools that differ in form from the performance model: each family's effect is there."""
+"""The benchmark's simulated pools (benchmarks/worlds) that differ in form from the performance
+model: each family's effect is there."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from infertune_tuner.backends import make_backend
-from infertune_tuner.backends.worlds import FAMILIES, WorldBackend, physics
-from infertune_tuner.backends.worlds.closed_loop import run_loop
-from infertune_tuner.backends.worlds.families import CAPTURED_BATCHES, knobs_for
-from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
-from infertune_tuner.config import TrialConfig
-from infertune_tuner.errors import InputError
-from infertune_tuner.metrics import ITL, TTFT
-from infertune_tuner.run import tune
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 
-from .helpers import request
+from worlds import FAMILIES, WorldBackend, physics  # noqa: E402
+from worlds.closed_loop import run_loop  # noqa: E402
+from worlds.families import CAPTURED_BATCHES, knobs_for  # noqa: E402
+
+from infertune_tuner.catalog.gpus import get_gpu  # noqa: E402
+from infertune_tuner.catalog.llms import get_model  # noqa: E402
+from infertune_tuner.config import TrialConfig  # noqa: E402
+from infertune_tuner.errors import InputError  # noqa: E402
+from infertune_tuner.metrics import ITL, TTFT  # noqa: E402
+from infertune_tuner.run import tune  # noqa: E402
+
+from .helpers import request  # noqa: E402
 
 H100 = get_gpu("H100-SXM-80GB")
 H100_PCIE = get_gpu("H100-PCIE-80GB")
@@ -114,11 +119,10 @@ def test_noisy_pools_have_outliers_in_their_runs() -> None:
     assert np.mean(logs < -2.5 * sd) > 0.01, "a slow phase now and then"
 
 
-def test_world_backends_are_named_on_the_command_line_and_tune_end_to_end(tmp_path: Path) -> None:
+def test_a_world_tunes_end_to_end_as_a_backend_instance(tmp_path: Path) -> None:
     req = request(max_trials=20)
-    assert make_backend("world:admission", req).name == "world:admission"
     with pytest.raises(InputError, match="unknown world family"):
-        make_backend("world:martian", req)
-    report = tune(req, backend="world:mixed", out_dir=tmp_path)
-    assert report.backend == "world:mixed"
+        WorldBackend(req, "martian")
+    report = tune(req, backend=WorldBackend(req, "mixed"), out_dir=tmp_path)
+    assert report is not None and report.backend == "world:mixed"
     assert report.best is not None and report.executed_trials <= 20

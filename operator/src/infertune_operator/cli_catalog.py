@@ -97,7 +97,7 @@ def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the model catalog (Hugging Face ids map to these keys)."""
-    from infertune_tuner.catalog.models import MODELS
+    from infertune_tuner.catalog.llms import MODELS
 
     _listing(
         as_json,

@@ -203,7 +203,7 @@ def predict(
 ) -> None:
     """Predict memory fit, latency and throughput of one configuration (no GPU needed)."""
     from infertune_tuner.catalog.gpus import get_gpu
-    from infertune_tuner.catalog.models import resolve_model
+    from infertune_tuner.catalog.llms import resolve_model
     from infertune_tuner.config import TrialConfig, Workload
     from infertune_tuner.metrics import LATENCY_METRICS
     from infertune_tuner.perfmodel import predict as run_predict

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 
 from infertune_tuner import defaults
 from infertune_tuner.catalog.gpus import Gpu, get_gpu
-from infertune_tuner.catalog.models import ModelArch, get_model
+from infertune_tuner.catalog.llms import ModelArch, get_model
 from infertune_tuner.config import Workload
 from infertune_tuner.metrics import Percentile, latency_metric
 from infertune_tuner.schema import Record

@@ -9,7 +9,7 @@ Each problem names the field it is about (``tp``, ``quantization`` ...).
 from __future__ import annotations
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, TrialConfig, Workload
 
 

@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.catalog.quantization import QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError

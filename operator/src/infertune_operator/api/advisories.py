@@ -2,7 +2,7 @@
 the operator posts them as Warning events when it starts a tuning).
 
 - **TokenMissing**: a Triton trial or serving pod downloads weights from a gated Hugging Face
-  repository (catalog.models.GATED_HF_ORGS) and `spec.model.source.tokenSecretRef` names no
+  repository (catalog.llms.GATED_HF_ORGS) and `spec.model.source.tokenSecretRef` names no
   token: every download would be refused (401/403) and every trial fail.
 - **LargeModelCache**: the tuner pod would keep every downloaded checkpoint in node-local
   ephemeral storage and needs more than `EPHEMERAL_CACHE_LIMIT_GIB` of it; many GPU nodes have
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
 from infertune_tuner import defaults
-from infertune_tuner.catalog.models import is_gated
+from infertune_tuner.catalog.llms import is_gated
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.weights import cache_gib, hub_repo, trial_weights, uses_model_cache
 

@@ -181,7 +181,7 @@ def catalog_problems(doc: dict[str, Any]) -> list[Problem]:
     field that is absent or not of its type is left to the schema's own problems.
     """
     from infertune_tuner.catalog.gpus import get_gpu
-    from infertune_tuner.catalog.models import get_model
+    from infertune_tuner.catalog.llms import get_model
 
     problems = []
     product = _field(doc, "spec", "gpu", "product")

@@ -10,8 +10,7 @@ from infertune_tuner.packing import GpuSet
 from infertune_tuner.request import TuningRequest
 
 BACKEND_HELP = (
-    "simulated | simulated:perturbed | world:FAMILY | replay:PATH | triton | triton:simulated"
-    " | triton:torch"
+    "simulated | simulated:perturbed | replay:PATH | triton | triton:simulated | triton:torch"
 )
 
 
@@ -36,11 +35,6 @@ def make_backend(
         from infertune_tuner.backends.simulated import SimulatedBackend
 
         return SimulatedBackend.perturbed(request, seed=seed)
-    if spec.startswith("world:"):
-        # A pool whose behaviour differs in form from the model (see infertune_tuner.backends.worlds).
-        from infertune_tuner.backends.worlds import WorldBackend
-
-        return WorldBackend(request, spec.removeprefix("world:"), seed=seed)
     if spec.startswith("replay:"):
         from infertune_tuner.backends.replay import ReplayBackend
 
@@ -60,8 +54,8 @@ def make_backend(
         # A real tritonserver on this machine (the nvidia-pytriton wheel) serving infertune's
         # Python-backend model with the body named after the colon (runtime/local_triton.py).
         from infertune_tuner.backends.triton import TritonBackend
-        from infertune_tuner.pymodel.spec import BODIES
         from infertune_tuner.runtime.local_triton import LocalTritonRuntime
+        from infertune_tuner.triton_model.spec import BODIES
 
         body = spec.removeprefix("triton:")
         if body not in BODIES:

@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.errors import InputError
 from infertune_tuner.measurement import Measurement, trial_requests

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.harness.stats import BenchResult, compute
 from infertune_tuner.harness.trace import RequestTrace
@@ -155,7 +155,7 @@ class Engine:
 
     def admit(self) -> list[Sequence]:
         """Admit what fits (step 1 above) and return the admitted sequences. A server that runs
-        real compute (pymodel's PyTorch body) schedules with this and times the step itself."""
+        real compute (triton_model's PyTorch body) schedules with this and times the step itself."""
         self._drop_cancelled()
         admitted: list[Sequence] = []
         budget = self.max_num_tokens - len(self.active)

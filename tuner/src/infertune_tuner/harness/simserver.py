@@ -35,7 +35,7 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from infertune_tuner.catalog.gpus import Gpu, get_gpu
-from infertune_tuner.catalog.models import ModelArch, get_model
+from infertune_tuner.catalog.llms import ModelArch, get_model
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, TrialConfig
 from infertune_tuner.errors import EXIT_INVALID, InputError

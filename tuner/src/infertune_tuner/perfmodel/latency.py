@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.catalog.quantization import QUANTIZATIONS
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.perfmodel.factors import DEFAULT_STACK, Efficiency, default_efficiency

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.perfmodel.factors import DEFAULT_STACK, Efficiency
 from infertune_tuner.perfmodel.latency import Prediction, predict

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
+from infertune_tuner.catalog.llms import get_model
 from infertune_tuner.config import TrialConfig, Workload
 from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.factors import Efficiency

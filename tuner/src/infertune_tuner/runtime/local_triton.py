@@ -4,8 +4,9 @@ The `nvidia-pytriton` wheel (the `triton` extra) ships a `tritonserver` binary, 
 backend and the backend's stub for each Python version. This runtime serves with it the model
 repository infertune renders for TensorRT-LLM — the same `config.pbtxt` and `model.yaml` the
 serving Deployment gets — with two files of its own in the version folder: `model.py`
-(`infertune_tuner/pymodel/model.py`) and `body.json` (which body runs the steps: `simulated`, the
-performance model's timings, no GPU; or `torch`, a Llama-shaped PyTorch model on the local GPU).
+(`infertune_tuner/triton_model/model.py`) and `body.json` (which body runs the steps:
+`simulated`, the performance model's timings, no GPU; or `torch`, a Llama-shaped PyTorch model on
+the local GPU).
 Triton itself validates the rendered config, answers health and readiness, streams the decoupled
 responses and serves the metrics port; only the model body is ours.
 
@@ -37,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import infertune_tuner
-import infertune_tuner.pymodel
+import infertune_tuner.triton_model
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.pymodel.spec import BODY_FILE, BodyKind, BodySpec
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.base import SERVED_MODEL, PlainServer, Ports
 from infertune_tuner.runtime.triton import repository_files
 from infertune_tuner.runtime.weights import unloaded_path
+from infertune_tuner.triton_model.spec import BODY_FILE, BodyKind, BodySpec
 
 BINARY_ENV = "INFERTUNE_TRITONSERVER"
 STUB_PATH_ENV = "INFERTUNE_STUB_PATH"
@@ -51,7 +52,7 @@ BACKENDS_DIR = "triton-backends"  # beside the trial's repository
 PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 STUB = "triton_python_backend_stub"
 # Imported only inside the stub (it needs triton_python_backend_utils): copied, never imported.
-MODEL_PY = Path(infertune_tuner.pymodel.__file__).parent / "model.py"
+MODEL_PY = Path(infertune_tuner.triton_model.__file__).parent / "model.py"
 
 
 class TritonUnavailable(RuntimeError):

@@ -36,7 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from infertune_tuner import slo
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.catalog.quantization import QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import TrialConfig
 
 BODY_FILE = "body.json"

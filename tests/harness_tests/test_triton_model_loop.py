@@ -6,10 +6,10 @@ import threading
 from typing import Any
 
 from infertune_tuner.catalog.gpus import get_gpu
-from infertune_tuner.catalog.models import get_model
+from infertune_tuner.catalog.llms import get_model
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.harness.engine import Engine, Sequence
-from infertune_tuner.pymodel.loop import ServingLoop, SimulatedBody
+from infertune_tuner.triton_model.loop import ServingLoop, SimulatedBody
 
 
 class Client:
@@ -119,8 +119,8 @@ def test_the_model_reads_its_stream_interval_and_behaviour_and_refuses_unknown_o
     import pytest
     import yaml
 
-    from infertune_tuner.pymodel.spec import read
     from infertune_tuner.runtime.local_triton import LocalTritonRuntime
+    from infertune_tuner.triton_model.spec import read
 
     files = LocalTritonRuntime().model_files(trial_request(), TrialConfig(1, 4, "fp8", "auto"))
     version = tmp_path / "1"

@@ -1,4 +1,4 @@
-"""Model catalog: transformer shapes of common open models, Hugging Face ids, config.json loading.
+"""LLM catalog: transformer shapes of common open models, Hugging Face ids, config.json loading.
 
 Shapes are the models' own Hugging Face `config.json` values. `max_context` is
 `max_position_embeddings`: the longest input + output a deployment can serve (`None` when unknown,

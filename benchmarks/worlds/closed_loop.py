@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infertune_tuner.backends.worlds.physics import MAX_NUM_TOKENS, Knobs, Steps
 from infertune_tuner.metrics import E2E, ITL, TTFT
 from infertune_tuner.perfmodel.latency import Percentiles
+from worlds.physics import MAX_NUM_TOKENS, Knobs, Steps
 
 PCTS = (50.0, 95.0, 99.0)
 

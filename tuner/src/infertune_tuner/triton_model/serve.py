@@ -6,8 +6,8 @@ from __future__ import annotations
 from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.harness.engine import Engine, oom_message
 from infertune_tuner.perfmodel.latency import StepModel
-from infertune_tuner.pymodel.loop import Body, OnError, OnToken, ServingLoop, SimulatedBody
-from infertune_tuner.pymodel.spec import Served
+from infertune_tuner.triton_model.loop import Body, OnError, OnToken, ServingLoop, SimulatedBody
+from infertune_tuner.triton_model.spec import Served
 
 
 def build_loop(served: Served, on_token: OnToken, on_error: OnError) -> ServingLoop:
@@ -23,7 +23,7 @@ def build_loop(served: Served, on_token: OnToken, on_error: OnError) -> ServingL
     engine.max_num_tokens = served.max_num_tokens
     body: Body
     if served.spec.body == "torch":
-        from infertune_tuner.pymodel.torch_body import TorchBody
+        from infertune_tuner.triton_model.torch_body import TorchBody
 
         torch_body = TorchBody(arch, config, served.spec.max_context)
         engine = Engine(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infertune_tuner.pymodel.spec import StopSignal, TextMode
+from infertune_tuner.triton_model.spec import StopSignal, TextMode
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from infertune_tuner.backends.worlds.physics import Knobs
 from infertune_tuner.catalog.gpus import Gpu
+from worlds.physics import Knobs
 
 FAMILIES = (
     "admission",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.harness.engine import Engine, Sequence
 

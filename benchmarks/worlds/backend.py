@@ -1,4 +1,4 @@
-"""A simulated GPU pool of one world family, as a benchmark backend (`--backend world:FAMILY`).
+"""A simulated GPU pool of one world family, as a benchmark backend (`tune(backend=...)`).
 
 `run` measures like a benchmark: each repeat of a configuration (`repeat`: the study's earlier
 runs of it) is a new run with its own noise, as on real GPUs. `truth` is the same configuration
@@ -13,13 +13,13 @@ import hashlib
 import numpy as np
 
 from infertune_tuner.backends.simulated import SimulatedBackend
-from infertune_tuner.backends.worlds import physics
-from infertune_tuner.backends.worlds.closed_loop import run_loop
-from infertune_tuner.backends.worlds.families import FAMILIES, knobs_for
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.measurement import Measurement, trial_requests
 from infertune_tuner.request import TuningRequest
+from worlds import physics
+from worlds.closed_loop import run_loop
+from worlds.families import FAMILIES, knobs_for
 
 TRUTH_REQUESTS = 20000  # a population-sized sample: what production would see
 

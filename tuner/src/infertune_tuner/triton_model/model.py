@@ -40,9 +40,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from infertune_tuner.harness.engine import Sequence
-from infertune_tuner.pymodel.responses import ResponsePlan, Send
-from infertune_tuner.pymodel.serve import build_loop
-from infertune_tuner.pymodel.spec import Served, read
+from infertune_tuner.triton_model.responses import ResponsePlan, Send
+from infertune_tuner.triton_model.serve import build_loop
+from infertune_tuner.triton_model.spec import Served, read
 
 DEFAULT_MAX_TOKENS = 128  # as the simulated server: a request that names no output length
 TOKEN = b" tok"  # the text of one generated token

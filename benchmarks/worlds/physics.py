@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from infertune_tuner.catalog.gpus import Gpu
-from infertune_tuner.catalog.models import ModelArch
+from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.config import TrialConfig
 
 GIB = 1024**3
