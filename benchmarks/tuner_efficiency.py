@@ -165,7 +165,7 @@ def headroom_outcomes(
         HeadroomOutcome(
             h.p_meets,
             statistics.fmean(
-                any(c.metric == h.metric and c.percentile == h.percentile and c.ok for c in checks)
+                any(c.bound == h.bound and c.ok for c in checks)
                 for checks in runs
             ),
             h.settled,

@@ -15,16 +15,16 @@ from infertune_operator.cli import app
 from infertune_operator.reconcile_serving import tuned_message
 from infertune_tuner import slo
 from infertune_tuner.report import render_html, render_markdown
-from infertune_tuner.result import Report, SloCheck
+from infertune_tuner.result import FloorCheck, Report, SloCheck
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama3-8b-l4.yaml"
 
 
-def _check(value: float, limit: float, metric: str = "e2e_ms") -> SloCheck:
+def _check(value: float, limit: float) -> SloCheck:
     return SloCheck(
-        bound=f"{metric} p95", metric=metric, percentile="p95", limit_ms=limit, value_ms=value,
-        ok=value <= limit if metric != "output_tokens_per_s_per_gpu" else value >= limit,
+        bound="E2E p95", metric="e2e_ms", percentile="p95", limit_ms=limit, value_ms=value,
+        ok=value <= limit,
     )  # fmt: skip
 
 
@@ -42,7 +42,8 @@ def test_the_chance_a_fresh_run_meets_a_bound_follows_the_room_and_the_noise() -
     )
     assert slo.room(_check(950.0, 1000.0), noise=0.12, repeats=2).p_meets < 0.70
     # A tok/s/GPU floor has its room above the bound.
-    floor = slo.room(_check(1100.0, 1000.0, "output_tokens_per_s_per_gpu"), noise=0.03, repeats=2)
+    tps = FloorCheck(bound="tok/s/GPU >= 1000", limit_tps=1000.0, value_tps=1100.0, ok=True)
+    floor = slo.room(tps, noise=0.03, repeats=2)
     assert floor.headroom == pytest.approx(0.1) and floor.settled
 
 
@@ -101,3 +102,20 @@ def test_a_choice_with_room_states_it_and_raises_no_warning(tmp_path: Path, cli:
     assert f"SLO headroom: E2E p95 {h.headroom:.1%} under its bound" in render_markdown(report)
     assert "<dd>SLO headroom: E2E p95" in render_html(report)
     assert "within run-to-run noise" not in tuned_message(report)
+
+
+def test_the_floor_is_read_from_studies_and_reports_that_kept_it_in_milliseconds() -> None:
+    """Earlier versions recorded the tok/s/GPU floor as a latency-shaped check: a resumed study
+    and a stored report still read it as the floor it was."""
+    from infertune_tuner.result import checks_of
+
+    legacy = {
+        "bound": "tok/s/GPU >= 400", "metric": "output_tokens_per_s_per_gpu",
+        "percentile": "mean", "limit_ms": 400.0, "value_ms": 380.0, "ok": False,
+    }  # fmt: skip
+    latency = _check(900.0, 1000.0).model_dump()
+    [floor, bound] = checks_of([legacy, latency])
+    assert isinstance(floor, FloorCheck) and (floor.limit_tps, floor.value_tps) == (400.0, 380.0)
+    assert floor.miss() == "tok/s/GPU 380 < 400" and floor.violation > 0
+    assert isinstance(bound, SloCheck) and bound.ok
+    assert checks_of([floor.model_dump()]) == [floor]  # and its own form round-trips

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement, TrialPhase
-from infertune_tuner.result import SloCheck
+from infertune_tuner.result import Check
 from infertune_tuner.run import StudyStart
 from infertune_tuner.search.evidence import Evidence
 
@@ -87,7 +87,7 @@ class TuneProgress:
         )
 
     def trial(
-        self, config: TrialConfig, m: Measurement, checks: list[SloCheck], known: Evidence
+        self, config: TrialConfig, m: Measurement, checks: list[Check], known: Evidence
     ) -> None:
         if self._progress is None or self._task is None:
             return

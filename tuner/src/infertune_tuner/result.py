@@ -6,12 +6,13 @@ depend on the field names below.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.metrics import LATENCY_METRICS, latency_metric
+from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.factors import DEFAULT_STACK
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.request import TuningRequest
@@ -95,7 +96,7 @@ class Predicted(Metrics):
 
 
 class SloCheck(Record):
-    """One SLO bound checked against a trial's measurement."""
+    """One latency bound checked against a trial's measurement."""
 
     bound: str  # "E2E p95 <= 25600 ms"
     metric: str
@@ -103,6 +104,93 @@ class SloCheck(Record):
     limit_ms: float
     value_ms: float
     ok: bool
+
+    @property
+    def headroom(self) -> float:
+        """The room left, relative to the bound: (limit - value) / limit (< 0: missed)."""
+        return (self.limit_ms - self.value_ms) / self.limit_ms
+
+    @property
+    def log_room(self) -> float:
+        return math.log(self.limit_ms / max(self.value_ms, 1e-9))
+
+    @property
+    def violation(self) -> float:
+        """Optuna's constraint value: <= 0 means met (the relative excess over the bound)."""
+        return self.value_ms / self.limit_ms - 1.0
+
+    @property
+    def constraint_key(self) -> str:
+        return f"{self.metric}/{self.percentile}"
+
+    def miss(self) -> str:
+        """How it was missed, for a person: "E2E p95 28000 ms > 25600 ms (+9%)"."""
+        label = latency_metric(self.metric).label
+        return (
+            f"{label} {self.percentile} {self.value_ms:.0f} ms > {self.limit_ms:g} ms "
+            f"(+{-self.headroom:.0%})"
+        )
+
+
+class FloorCheck(Record):
+    """The tok/s/GPU floor (`spec.slo.minOutputTokensPerSecPerGpu`) checked against a trial."""
+
+    kind: Literal["floor"] = "floor"
+    bound: str  # "tok/s/GPU >= 400"
+    limit_tps: float
+    value_tps: float
+    ok: bool
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_before_it_had_a_type(cls, data: Any) -> Any:
+        """Studies and reports of earlier versions kept the floor as a latency-shaped check
+        (its tok/s/GPU in `limit_ms` / `value_ms`): read them as the floor they were."""
+        if isinstance(data, dict) and "limit_ms" in data:
+            data = {k: v for k, v in data.items() if k not in ("metric", "percentile")}
+            data["limit_tps"], data["value_tps"] = data.pop("limit_ms"), data.pop("value_ms")
+            data["kind"] = "floor"
+        return data
+
+    @property
+    def headroom(self) -> float:
+        """The room left, relative to the floor: (value - limit) / limit (< 0: missed)."""
+        return (self.value_tps - self.limit_tps) / self.limit_tps
+
+    @property
+    def log_room(self) -> float:
+        return math.log(max(self.value_tps, 1e-9) / self.limit_tps)
+
+    @property
+    def violation(self) -> float:
+        return self.limit_tps / max(self.value_tps, 1e-9) - 1.0
+
+    @property
+    def constraint_key(self) -> str:
+        return f"{OBJECTIVE.key}/mean"
+
+    def miss(self) -> str:
+        return f"{OBJECTIVE.label} {self.value_tps:.0f} < {self.limit_tps:g}"
+
+
+def _check_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        floor = value.get("kind") == "floor" or value.get("metric") == OBJECTIVE.key
+        return "floor" if floor else "latency"
+    return "floor" if isinstance(value, FloorCheck) else "latency"
+
+
+# A check of one SLO bound: a latency bound, or the tok/s/GPU floor.
+Check = Annotated[
+    Annotated[SloCheck, Tag("latency")] | Annotated[FloorCheck, Tag("floor")],
+    Discriminator(_check_kind),
+]
+_CHECKS: TypeAdapter[list[Check]] = TypeAdapter(list[Check])
+
+
+def checks_of(data: Any) -> list[Check]:
+    """SLO checks as recorded (a trial's attribute, a report's JSON), each as its type."""
+    return _CHECKS.validate_python(data)
 
 
 class Headroom(Record):
@@ -149,7 +237,7 @@ class Trial(Record):
     metrics: Metrics | None = None
     predicted: Predicted | None = None
     reason: str | None = None
-    slo_checks: list[SloCheck] = Field(default_factory=list)
+    slo_checks: list[Check] = Field(default_factory=list)
     duration_s: float | None = None
     # probe | explore | cover | confirm (report/view.py PURPOSES says what each means)
     purpose: str | None = None
@@ -227,7 +315,8 @@ class NearMiss(Record):
     trial: int
     config: ConfigOut
     output_tokens_per_s_per_gpu: float
-    violations: list[str]
+    violations: list[str]  # each missed bound, for a person (`missed` says it for programs)
+    missed: list[Check] = Field(default_factory=list)  # the typical run's missed checks
 
 
 class Report(Record):

@@ -289,6 +289,7 @@ def build_report(
                     config=ConfigOut.of(cfg),
                     output_tokens_per_s_per_gpu=round(m.output_tokens_per_s_per_gpu or 0.0, 3),
                     violations=slo.describe_violations(known.checks[cfg]),
+                    missed=[c for c in known.checks[cfg] if not c.ok],
                 )
             )
     converged = stop.kind == StopKind.CONVERGED

@@ -43,7 +43,7 @@ from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.result import SloCheck
+from infertune_tuner.result import Check
 from infertune_tuner.search.evidence import (
     ATTR_CHECKS,
     ATTR_CONFIG,
@@ -114,7 +114,7 @@ class SearchOutcome:
     study: Study
 
 
-OnTrial = Callable[[TrialConfig, Measurement, list[SloCheck], Evidence], None]
+OnTrial = Callable[[TrialConfig, Measurement, list[Check], Evidence], None]
 
 
 class Search:
@@ -190,14 +190,14 @@ class Search:
         )
         raise _Skipped(skip)
 
-    def _record(self, trial: optuna.Trial, m: Measurement) -> list[SloCheck]:
+    def _record(self, trial: optuna.Trial, m: Measurement) -> list[Check]:
         checks = slo.check(self.request, m)
         trial.set_user_attr(ATTR_MEASUREMENT, measurement_to_attr(m))
         trial.set_user_attr(ATTR_CHECKS, [c.model_dump() for c in checks])
         values = slo.constraint_values(checks)
         trial.set_user_attr(ATTR_CONSTRAINTS, values)
         for c, v in zip(checks, values, strict=True):
-            trial.set_constraint(f"{c.metric}/{c.percentile}", v)
+            trial.set_constraint(c.constraint_key, v)
         return checks
 
     def _suggest(self, trial: optuna.Trial) -> TrialConfig:

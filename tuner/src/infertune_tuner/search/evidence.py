@@ -43,7 +43,7 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
-from infertune_tuner.result import Chances, SloCheck
+from infertune_tuner.result import Chances, Check, checks_of
 from infertune_tuner.stop import StopReason
 
 # What the driver records on a trial it runs (user attributes).
@@ -158,7 +158,7 @@ class ExecutedTrial:
     number: int
     config: TrialConfig
     measurement: Measurement
-    checks: list[SloCheck]
+    checks: list[Check]
     run: str | None = None
     purpose: str = "explore"
     chances: Chances | None = None
@@ -172,7 +172,7 @@ def _executed(t: FrozenTrial) -> ExecutedTrial | None:
         t.number,
         config_of(t.user_attrs[ATTR_CONFIG]),
         measurement_from_attr(t.user_attrs[ATTR_MEASUREMENT]),
-        [SloCheck.model_validate(c) for c in t.user_attrs.get(ATTR_CHECKS, [])],
+        checks_of(t.user_attrs.get(ATTR_CHECKS, [])),
         t.user_attrs.get(ATTR_RUN),
         decision.purpose if decision is not None else "explore",
         decision.chances if decision is not None else None,
@@ -316,7 +316,7 @@ class Evidence:
     covers: tuple[TrialConfig, ...] = ()  # measured to cover a structure
     # -- derived
     measured: dict[TrialConfig, Measurement] = field(init=False)  # the typical runs
-    checks: dict[TrialConfig, list[SloCheck]] = field(init=False)  # of the typical runs
+    checks: dict[TrialConfig, list[Check]] = field(init=False)  # of the typical runs
     counts: dict[TrialConfig, int] = field(init=False)  # runs per configuration
     executed: int = field(init=False)  # executed trials, repeats included
     # Per configuration, whether each of its runs met every bound (None: not a valid run).
@@ -339,9 +339,7 @@ class Evidence:
                      for m in ms)
             for c, ms in self.runs.items()
         }  # fmt: skip
-        room = {
-            c: min((slo.headroom(ch) for ch in cs), default=math.inf) for c, cs in checks.items()
-        }
+        room = {c: min((ch.headroom for ch in cs), default=math.inf) for c, cs in checks.items()}
         feasible = {
             c: m
             for c, m in measured.items()

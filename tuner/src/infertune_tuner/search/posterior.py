@@ -56,11 +56,11 @@ from scipy.special import ndtr, ndtri
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
-from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, PERCENTILES, latency_metric
+from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES, latency_metric
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
 from infertune_tuner.perfmodel.memory import FREE_GPU_MEMORY_FRACTION
 from infertune_tuner.request import SloBound, TuningRequest
-from infertune_tuner.result import SloCheck
+from infertune_tuner.result import Check, FloorCheck
 from infertune_tuner.search.evidence import Evidence, decode_bound
 from infertune_tuner.space import SearchSpace
 
@@ -146,9 +146,9 @@ class QuantityKey:
     percentile: str  # "mean" for tok/s/GPU
 
     @classmethod
-    def of_check(cls, c: SloCheck) -> QuantityKey:
+    def of_check(cls, c: Check) -> QuantityKey:
         """The quantity an SLO check measures (the tok/s/GPU floor's is TPS)."""
-        return TPS if c.metric == OBJECTIVE.key else cls(c.metric, c.percentile)
+        return TPS if isinstance(c, FloorCheck) else cls(c.metric, c.percentile)
 
     def __str__(self) -> str:
         return self.metric if self == TPS else f"{self.metric}/{self.percentile}"
@@ -279,11 +279,11 @@ class Ruling:
                 return f"the model cannot tell it from {by}, which was measured"
 
 
-def _clear_miss(ch: SloCheck, margin: float) -> bool:
+def _clear_miss(ch: Check, margin: float) -> bool:
     if ch.ok:
         return False
-    if ch.metric == OBJECTIVE.key:
-        return ch.value_ms < ch.limit_ms * (1 - margin)
+    if isinstance(ch, FloorCheck):
+        return ch.value_tps < ch.limit_tps * (1 - margin)
     return ch.value_ms > ch.limit_ms * (1 + margin)
 
 
@@ -310,7 +310,7 @@ def _ruled_by_neighbours(
         for ch in ev.checks.get(other, []):
             if not _clear_miss(ch, dominance_margin):
                 continue
-            if ch.metric == OBJECTIVE.key:
+            if isinstance(ch, FloorCheck):
                 if cfg.max_batch_size < other.max_batch_size:
                     return Ruling(Exclusion.SLO_MISS, other, ch.bound, "floor")
             elif cfg.max_batch_size > other.max_batch_size:
