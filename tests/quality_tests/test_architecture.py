@@ -27,20 +27,6 @@ def test_tuner_runs_without_kopf_or_kubernetes_loaded() -> None:
     assert out.stdout.strip() == "False"
 
 
-MAX_MODULE_LINES = 400
-
-
-def test_no_source_module_over_400_lines() -> None:
-    """Modules stay small enough to hold one concern (split by concern when one grows)."""
-    too_long = {
-        str(path.relative_to(REPO)): n
-        for root in ("operator/src", "tuner/src")
-        for path in (REPO / root).rglob("*.py")
-        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
-    }
-    assert not too_long, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
-
-
 # Imported only inside a guard that works without them (say so where they are imported).
 OPTIONAL_IMPORTS = {
     "huggingface_hub",  # runtime/weights.py: the tuner image ships it
