@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infertune_tuner.result import Report
+from infertune_tuner.result import Report, Trial
 
 REASON_CHARS = 200  # a sentence and the gist of a log tail; the complete report has the rest
 UNTRIED_CONFIGS = 12  # per group: the most promising first (as the tuner orders them)
@@ -47,20 +47,21 @@ def _clip(text: str | None) -> str | None:
     return text[: REASON_CHARS - 1] + "…"
 
 
-def _trim_trial(trial: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in trial.items() if k not in ("predicted", "slo_checks")}
-    missed = [str(c.get("bound")) for c in trial.get("slo_checks") or [] if not c.get("ok")]
-    reason = trial.get("reason")
+def _trimmed(trial: Trial) -> Trial:
+    """The trial with its SLO checks folded into its reason, and the reason cut short (its
+    predictions and checks themselves are left out when it is written, see :data:`_DROPPED`)."""
+    missed = [c.bound for c in trial.slo_checks if not c.ok]
+    reason = trial.reason
     if missed and not reason:
         reason = "; ".join(missed) + " missed"
-    out["reason"] = _clip(reason)
-    return out
+    return trial.model_copy(update={"reason": _clip(reason)})
 
 
-def _objective(trial: dict[str, Any]) -> float:
-    metrics = trial.get("metrics") or {}
-    value = metrics.get("output_tokens_per_s_per_gpu")
-    return float(value) if isinstance(value, (int, float)) else -1.0
+_DROPPED = {"predicted", "slo_checks"}  # a summarised trial's fields that are not written
+
+
+def _objective(trial: Trial) -> float:
+    return trial.metrics.output_tokens_per_s_per_gpu if trial.metrics is not None else -1.0
 
 
 def summarize(report: Report, budget: int) -> str:
@@ -75,21 +76,24 @@ def summarize(report: Report, budget: int) -> str:
         ValueError when even a report without trials would not fit (a budget far below any
         report's own size: the request, the best configuration and the verdict).
     """
-    data = report.model_dump(mode="json", by_alias=True)
-    trials = [_trim_trial(t) for t in data.get("trials") or [] if t.get("executed")]
-    for group in data.get("untried") or []:
-        group["configs"] = (group.get("configs") or [])[:UNTRIED_CONFIGS]
-    protected = {m.get("trial") for m in data.get("nearest_misses") or []}
-    if data.get("best"):
-        protected.add(data["best"].get("trial"))
+    trials = [_trimmed(t) for t in report.trials if t.executed]
+    untried = [
+        g.model_copy(update={"configs": g.configs[:UNTRIED_CONFIGS]}) for g in report.untried
+    ]
+    protected = {m.trial for m in report.nearest_misses}
+    if report.best is not None:
+        protected.add(report.best.trial)
     # Least likely to go first: the best and the nearest misses, then by tok/s/GPU.
-    ranked = sorted(
-        trials, key=lambda t: (t.get("number") not in protected, -_objective(t), t.get("number"))
+    ranked = sorted(trials, key=lambda t: (t.number not in protected, -_objective(t), t.number))
+    # Each part is written once; a candidate summary only joins them.
+    data = report.model_copy(update={"trials": [], "untried": untried}).model_dump(
+        mode="json", by_alias=True
     )
+    written = [t.model_dump(mode="json", by_alias=True, exclude=_DROPPED) for t in ranked]
 
     def render(keep: int) -> str:
-        kept = sorted(ranked[:keep], key=lambda t: t.get("number", 0))
-        return compact({**data, "trials": kept})
+        kept = sorted(range(keep), key=lambda i: ranked[i].number)
+        return compact({**data, "trials": [written[i] for i in kept]})
 
     text = render(len(ranked))
     if size(text) <= budget:
