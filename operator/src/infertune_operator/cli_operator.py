@@ -177,6 +177,10 @@ def verify_job(
     ],
     url: Annotated[str, typer.Option("--url", help="The Service's gRPC address, HOST:PORT.")],
     config: Annotated[str, typer.Option("--config", help="The configuration verified.")],
+    tp: Annotated[
+        int,
+        typer.Option("--tp", min=1, help="Its tensor parallel size: the GPUs a replica uses."),
+    ],
     concurrency: Annotated[int, typer.Option("--concurrency", help="Requests in flight.")],
     requests: Annotated[int, typer.Option("--requests", help="Measured requests.")],
     input_tokens: Annotated[int, typer.Option("--input-tokens", help="Prompt tokens.")],
@@ -206,7 +210,6 @@ def verify_job(
     from infertune_tuner.result import Metrics, PercentilesOut
 
     exit_on_sigterm()
-    tp = int(config.split("/")[0].removeprefix("tp")) if config.startswith("tp") else 1
     spec = LoadSpec(
         url=url, model=model, concurrency=concurrency, requests=requests, warmup=warmup,
         input_tokens=input_tokens, output_tokens=output_tokens, deadline_s=deadline,
@@ -222,7 +225,7 @@ def verify_job(
         if bench.requests and all(latency.values()):
             fields["metrics"] = Metrics(
                 **{k: PercentilesOut.of(v.percentiles()) for k, v in latency.items() if v},
-                output_tokens_per_s_per_gpu=round(bench.output_tokens_per_s / max(tp, 1), 3),
+                output_tokens_per_s_per_gpu=round(bench.output_tokens_per_s / tp, 3),
             )
         stopped = bench.settings.get("stopped")
         fields.update(requests=bench.requests, errors=bench.errors, stalled=bench.stalled,

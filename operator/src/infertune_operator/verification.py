@@ -159,7 +159,7 @@ def verify_command(
         "--deployment", name, "--namespace", namespace, "--owner-uid", meta["uid"],
         "--verification-hash", vhash,
         "--url", f"{name}.{namespace}.svc:{GRPC_PORT}", "--model", SERVED_MODEL,
-        "--config", ref.config.label(),
+        "--config", ref.config.label(), "--tp", str(ref.config.tp),
         "--concurrency", str(plan.concurrency), "--requests", str(plan.requests),
         "--warmup", str(plan.warmup),
         "--input-tokens", str(ref.input_tokens), "--output-tokens", str(ref.output_tokens),
