@@ -1,7 +1,6 @@
-"""The cluster-facing commands: `infertune operator`, `infertune tune-job`, `infertune report`.
+"""The commands that run inside the operator's Jobs: `infertune tune-job`, `infertune verify-job`.
 
-Kopf and the Kubernetes client are imported inside the commands, so `infertune tune` and
-friends never pay for them.
+The Kubernetes client is imported inside the commands, so `infertune tune` never pays for it.
 """
 
 from __future__ import annotations
@@ -17,84 +16,7 @@ from infertune_tuner.errors import InputError
 from infertune_tuner.report.view import headline
 
 if TYPE_CHECKING:
-    from infertune_operator.k8s import Kube
     from infertune_operator.naming import Body
-
-DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
-
-
-def _kube() -> Kube:
-    import yaml
-
-    from infertune_operator import k8s
-
-    try:
-        return k8s.Kube.from_environment()
-    except k8s.KubeConfigError as exc:
-        raise InputError(f"cannot reach a cluster: {exc}") from None
-    except yaml.YAMLError as exc:  # the client parses the kubeconfig and lets this through
-        raise InputError(f"cannot reach a cluster: the kubeconfig is not YAML: {exc}") from None
-
-
-def _check_reachable(kube: Kube) -> None:
-    """One quick call before Kopf starts: a dead API server, or one that refuses our
-    credentials, is one line and exit 2, not Kopf's retries ending in a long traceback."""
-    from infertune_operator import k8s
-    from infertune_operator.api.models import GROUP, PLURAL
-
-    crds = k8s.Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
-    try:
-        kube.get(crds, None, f"{PLURAL}.{GROUP}")
-    except k8s.KubeError as exc:
-        if exc.status == 0:  # no HTTP answer at all: refused, unresolvable, TLS, timeout
-            raise InputError(f"cannot reach the Kubernetes API server: {exc}") from None
-        if exc.status == 401:
-            raise InputError(f"the Kubernetes API server refuses our credentials: {exc}") from None
-        # Any other answer means it is there; what this account may read is Kopf's business.
-
-
-def operator(
-    namespace: Annotated[
-        list[str] | None,
-        typer.Option("--namespace", "-n", help="Namespace to watch (repeatable)."),
-    ] = None,
-    all_namespaces: Annotated[
-        bool, typer.Option("--all-namespaces", "-A", help="Watch every namespace.")
-    ] = False,
-    liveness: Annotated[
-        str, typer.Option("--liveness", help="Liveness endpoint URL ('' to disable).")
-    ] = DEFAULT_LIVENESS,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
-) -> None:
-    """Run the operator: reconcile InferenceDeployments (tune, then deploy the winner)."""
-    import asyncio
-
-    import kopf
-
-    from infertune_operator.handlers import run_operator
-    from infertune_operator.settings import Settings
-
-    namespaces = [n for n in namespace or [] if n]
-    if all_namespaces and namespaces:
-        raise InputError("give either --namespace (repeatable) or --all-namespaces, not both")
-    if not all_namespaces and not namespaces:
-        raise InputError("give --namespace NS (repeatable) or --all-namespaces")
-    try:
-        settings = Settings.from_env()
-    except ValueError as exc:
-        raise InputError(f"operator settings: {exc}") from None
-    kube = _kube()
-    _check_reachable(kube)
-    kopf.configure(verbose=verbose)
-    asyncio.run(
-        run_operator(
-            kube=kube,
-            settings=settings,
-            namespaces=namespaces,
-            clusterwide=all_namespaces,
-            liveness=liveness or None,
-        )
-    )
 
 
 def tune_job(
@@ -125,7 +47,7 @@ def tune_job(
     from infertune_operator.report_owner import WriteAction
     from infertune_operator.report_writer import write_report
     from infertune_operator.tuner_workers import worker_request
-    from infertune_tuner.cli_support import exit_on_sigterm
+    from infertune_tuner.cli.support import exit_on_sigterm
     from infertune_tuner.request import TuningRequest
     from infertune_tuner.run import tune
 
@@ -143,7 +65,7 @@ def tune_job(
     )
     if report_configmap != expected:
         raise InputError(f"--report-configmap must be {expected!r} for request {req.name!r}")
-    kube = _kube()
+    kube = k8s.connect()
     run_req, gpus = worker_request(req, os.environ)
     with tempfile.TemporaryDirectory(prefix="infertune-tune-") as tmp:
         report = tune(run_req, backend=run_req.tuning.backend, out_dir=Path(tmp), gpus=gpus)
@@ -204,7 +126,7 @@ def verify_job(
 
     from infertune_operator import k8s, report_owner, verification
     from infertune_operator.report_writer import write_guarded
-    from infertune_tuner.cli_support import exit_on_sigterm
+    from infertune_tuner.cli.support import exit_on_sigterm
     from infertune_tuner.harness.load_spec import LoadSpec
     from infertune_tuner.harness.loadgen import run_load_sync
     from infertune_tuner.result import Metrics, PercentilesOut
@@ -242,7 +164,7 @@ def verify_job(
             owner=owner, owner_known=known, uid=owner_uid, existing=existing, what="verification"
         )
 
-    kube = _kube()
+    kube = k8s.connect()
     try:
         outcome = write_guarded(
             kube, body=body, owner_name=deployment, namespace=namespace, plan=plan
@@ -259,79 +181,3 @@ def verify_job(
         return
     typer.echo(f"{deployment}: {config} measured {measured}; result in ConfigMap "
                f"{namespace}/{where}")  # fmt: skip
-
-
-def report(
-    name: Annotated[str, typer.Argument(help="InferenceDeployment name.")],
-    namespace: Annotated[
-        str | None, typer.Option("--namespace", "-n", help="Namespace (default: kubeconfig's).")
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Output folder (default ./NAME-report).")
-    ] = None,
-    open_browser: Annotated[
-        bool, typer.Option("--open", help="Open the HTML report in a browser.")
-    ] = False,
-) -> None:
-    """Fetch an InferenceDeployment's tuning report from the cluster; write JSON/Markdown/HTML."""
-    import webbrowser
-
-    from infertune_operator import k8s, naming, report_store
-    from infertune_tuner.run import write_report
-
-    kube = _kube()
-    ns = namespace or kube.default_namespace
-    cm_name = naming.report_configmap_name(name)
-    try:
-        cm = kube.get(k8s.CONFIGMAPS, ns, cm_name)
-    except k8s.KubeError as exc:
-        raise InputError(f"cannot read ConfigMap {ns}/{cm_name}: {exc}") from None
-    if cm is None:
-        raise InputError(
-            f"no tuning report for {name!r} in namespace {ns!r} (ConfigMap {cm_name} not found); "
-            f"is tuning finished? see `kubectl get infd {name} -n {ns}`"
-        )
-    try:
-        parsed = report_store.parse_report(cm)
-    except ValueError as exc:
-        raise InputError(f"ConfigMap {ns}/{cm_name}: {exc}") from None
-    if not report_store.is_complete(cm):
-        typer.echo(
-            f"note: ConfigMap {ns}/{cm_name} holds a summary of the report: the "
-            f"{len(parsed.trials)} executed trials of {report_store.trials_total(cm, parsed)}, "
-            "their failure reasons cut short (the complete report did not fit in a ConfigMap; "
-            "the study storage, spec.tuning.storage, keeps every trial)",
-            err=True,
-        )
-    paths = write_report(parsed, out or Path(f"{name}-report"))
-    _after_deploy(kube, ns, name, paths)
-    for p in paths:
-        typer.echo(str(p))
-    if open_browser:
-        html = paths[-1].resolve()
-        if not webbrowser.open(html.as_uri()):
-            typer.echo(f"could not open a browser; open {html}", err=True)
-
-
-def _after_deploy(kube: Kube, namespace: str, name: str, paths: list[Path]) -> None:
-    """Append the verification and the observed workload, beside the tuned numbers, to
-    report.md and report.html (and say them on stdout), when the InferenceDeployment can be
-    read and serves something."""
-    from infertune_operator import k8s
-    from infertune_operator.report_live import deployed_view
-    from infertune_tuner.report import deployed
-
-    try:
-        body = kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, name)
-    except k8s.KubeError:  # `infertune report` needs only the ConfigMap: the rest is a bonus
-        return
-    view = deployed_view(body) if body is not None else None
-    if view is None:
-        return
-    text = deployed.markdown(view)
-    md = next(p for p in paths if p.suffix == ".md")
-    md.write_text(md.read_text(encoding="utf-8").rstrip() + "\n\n" + text, encoding="utf-8")
-    page = next(p for p in paths if p.suffix == ".html")
-    html = page.read_text(encoding="utf-8")
-    page.write_text(html.replace("</body>", deployed.html(view) + "</body>", 1), encoding="utf-8")
-    typer.echo(text)

@@ -332,3 +332,26 @@ async def run_operator(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     )
+
+
+def serve(
+    *,
+    kube: k8s.Kube,
+    settings: Settings,
+    namespaces: Collection[str],
+    clusterwide: bool,
+    liveness: str | None,
+    verbose: bool,
+) -> None:
+    """What `infertune operator` runs: Kopf's logging, then the operator until a signal stops
+    it (the command line never imports Kopf itself)."""
+    kopf.configure(verbose=verbose)
+    asyncio.run(
+        run_operator(
+            kube=kube,
+            settings=settings,
+            namespaces=namespaces,
+            clusterwide=clusterwide,
+            liveness=liveness,
+        )
+    )

@@ -84,6 +84,7 @@ from infertune_operator.kube_resources import labels_match as labels_match
 from infertune_operator.kube_resources import resource_of as resource_of
 from infertune_operator.managed_fields import adopt_legacy_fields
 from infertune_operator.naming import MANAGER, Body
+from infertune_tuner.errors import InputError
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -362,6 +363,19 @@ class Kube:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def connect() -> Kube:
+    """The cluster a command works on (:meth:`Kube.from_environment`), or an InputError that
+    says in one line why there is none (exit 2, no traceback)."""
+    import yaml
+
+    try:
+        return Kube.from_environment()
+    except KubeConfigError as exc:
+        raise InputError(f"cannot reach a cluster: {exc}") from None
+    except yaml.YAMLError as exc:  # the client parses the kubeconfig and lets this through
+        raise InputError(f"cannot reach a cluster: the kubeconfig is not YAML: {exc}") from None
 
 
 def _configuration() -> k8s_client.Configuration:

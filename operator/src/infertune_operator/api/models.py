@@ -44,7 +44,7 @@ from infertune_operator.api.status import VerificationStatus as VerificationStat
 from infertune_tuner import defaults
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT, KvCacheDtype, Quantization
 from infertune_tuner.metrics import LATENCY_METRICS, LatencyMetric, listing
-from infertune_tuner.request import Confidence, Sampler
+from infertune_tuner.request import SEED_MAX, Confidence, Sampler
 from infertune_tuner.runtime.weights import URI_PATTERN, pvc_claims, uri_problem
 from infertune_tuner.schema import to_camel, with_fields
 
@@ -73,7 +73,6 @@ Retune = Literal["Never", "OnDrift"]
 DEFAULT_RETUNE_INTERVAL_MINUTES = 360
 # spec.tuning fields that decide when to tune again, not what a tuning asks: outside the hash.
 RETUNE_FIELDS = ("retune", "retuneIntervalMinutes")
-SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
 
 
 # ---------------------------------------------------------------- spec.model

@@ -1,8 +1,9 @@
 """What every infertune command line shares: error reporting, help style, choices.
 
-Two programs use it: ``infertune`` (its commands live in ``infertune_operator.cli*``) and the
-simulated server's own entry point (``python -m infertune_tuner.harness.simserver``), which is
-the same Typer command as ``infertune simserver``.
+Two programs use it: ``infertune`` (the tuner's commands, ``infertune_tuner.cli``, mounted beside
+the operator's cluster commands) and the simulated server's own entry point
+(``python -m infertune_tuner.cli.simserver``), which is the same Typer command as
+``infertune simserver``.
 
 * An :class:`~infertune_tuner.errors.InputError` raised anywhere in a command, or while Typer
   converts an option (see :func:`one_of`), becomes ``error: <message>`` on stderr and the
@@ -12,7 +13,8 @@ the same Typer command as ``infertune simserver``.
 * Help never cuts a word: the commands use click's plain help formatter (``infertune`` sets
   ``rich_markup_mode=None``), which wraps every column; Typer's rich panels cut any word wider
   than their help column ("spec.tuning.maxTri…" in an 80-column terminal). The command list
-  shows each command's first sentence whole, wrapped, never ending in "...".
+  shows each command's first sentence whole, wrapped, never ending in "...", under the heading
+  its command was registered with (:func:`command`'s ``panel``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,25 @@ class _Conventions:
 
 class Group(_Conventions, TyperGroup):
     """The ``infertune`` command group."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """The command list, one section per heading (each command's ``rich_help_panel``, which
+        Typer's rich help would draw as a panel; this app prints click's plain help), in the
+        order the commands were registered; a command without one goes under "Commands"."""
+        sections: dict[str, list[tuple[str, Any]]] = {}
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                heading = getattr(cmd, "rich_help_panel", None) or "Commands"
+                sections.setdefault(heading, []).append((name, cmd))
+        if not sections:
+            return
+        width = max(len(name) for rows in sections.values() for name, _ in rows)
+        limit = formatter.width - 6 - width
+        for heading, rows in sections.items():
+            with formatter.section(heading):
+                # Names padded to the widest of all: every section's help starts in one column.
+                formatter.write_dl([(n.ljust(width), c.get_short_help_str(limit)) for n, c in rows])
 
 
 class Command(_Conventions, TyperCommand):
@@ -98,9 +119,12 @@ KvDtypeOption = Annotated[
 ]
 
 
-def command(app: typer.Typer, func: Callable[..., Any], name: str | None = None) -> None:
-    """Register ``func`` on ``app`` as a :class:`Command` (the one way commands are added)."""
-    app.command(name, cls=Command)(func)
+def command(
+    app: typer.Typer, func: Callable[..., Any], name: str | None = None, *, panel: str | None = None
+) -> None:
+    """Register ``func`` on ``app`` as a :class:`Command` (the one way commands are added), listed
+    under the heading ``panel`` in the app's help."""
+    app.command(name, cls=Command, rich_help_panel=panel)(func)
 
 
 EXIT_TERMINATED = 128 + 15  # what a shell reports for a process ended by SIGTERM

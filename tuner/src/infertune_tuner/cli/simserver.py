@@ -1,7 +1,7 @@
 """`infertune simserver`: one command, two entry points.
 
-``infertune`` registers :func:`simserver` with its other commands, and
-``python -m infertune_tuner.harness.simserver`` runs it alone (the tuner's tests and benchmarks
+``infertune`` mounts :func:`simserver` with the tuner's other commands, and
+``python -m infertune_tuner.cli.simserver`` runs it alone (the tuner's tests and benchmarks
 start servers that way: no console script on PATH needed). Loading this module loads no gRPC.
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from infertune_tuner.cli_support import KvDtypeOption, QuantOption, command
+from infertune_tuner.cli.support import KvDtypeOption, QuantOption, command
 
 
 def simserver(
@@ -64,3 +64,7 @@ def main() -> None:
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     command(app, simserver)
     app(prog_name="simserver")
+
+
+if __name__ == "__main__":  # `python -m infertune_tuner.cli.simserver`: `infertune simserver`
+    main()

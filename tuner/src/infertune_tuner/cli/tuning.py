@@ -1,18 +1,27 @@
-"""`infertune tune | export-replay | predict`: the tuner and the performance model, no cluster."""
+"""`infertune tune | export-replay | predict`: the tuner and the performance model, no cluster.
+
+`tune` reads a manifest the tuner cannot read: an InferenceDeployment is the operator's API,
+and the tuner knows nothing of the operator (the import contracts say so). So the command is
+built around a :class:`SpecReader` that its program supplies (:func:`tune_command`);
+``infertune`` passes the operator's (load, check as ``validate`` does, translate to a
+TuningRequest). Injected, not imported: the tuner stays whole without the operator, and the one
+translation of the API into a request stays where the API lives.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 import typer
 
 from infertune_tuner import defaults
 from infertune_tuner.backends import BACKEND_HELP
-from infertune_tuner.cli_support import KvDtypeOption, QuantOption, exit_on_sigterm, one_of
+from infertune_tuner.cli.support import KvDtypeOption, QuantOption, exit_on_sigterm, one_of
 from infertune_tuner.errors import InputError
-from infertune_tuner.request import Sampler
+from infertune_tuner.request import SEED_MAX, Sampler, TuningRequest
 
 if TYPE_CHECKING:
     from infertune_tuner.result import Report
@@ -22,104 +31,116 @@ EXIT_TRIALS_FAILED = 4
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for Ctrl-C (SIGINT); the report is written
 
 
-def tune(
-    spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest (YAML or JSON).")],
-    backend: Annotated[
-        str, typer.Option(help=f"{BACKEND_HELP}.", metavar="BACKEND")
-    ] = defaults.LOCAL_BACKEND,
-    out: Annotated[
-        Path | None, typer.Option(help="Output directory (default infertune-out/NAME).")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="Override spec.tuning.seed.")] = None,
-    max_trials: Annotated[int | None, typer.Option(help="Override spec.tuning.maxTrials.")] = None,
-    sampler: Annotated[
-        str | None,
-        typer.Option(
-            help="Override spec.tuning.sampler.", **one_of(Sampler, "--sampler", "sampler")
-        ),
-    ] = None,
-    confidence: Annotated[
-        float | None,
-        typer.Option(
-            help=f"Override spec.tuning.confidence: how sure `auto` must be before it stops "
-            f"(default {defaults.CONFIDENCE})."
-        ),
-    ] = None,
-    server_command: Annotated[
-        str | None,
-        typer.Option(
-            help="triton backend: command template that starts the server instead of tritonserver."
-        ),
-    ] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
-) -> None:
-    """Tune a deployment locally and write report.json/md/html.
+class SpecReader(Protocol):
+    """Reads the manifest `infertune tune SPEC` names into the request to tune.
 
-    Exit 0 with a feasible best, 3 when nothing meets the SLO, 4 when the trials themselves
-    keep failing (server does not start, no checkpoint), 2 on bad input.
-
-    Locally the default backend is the simulated GPU pool; `--backend triton` runs real
-    trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
-    recorded measurements. Re-running with the same output directory resumes the study.
+    ``backend`` is the kind of backend the run uses (``simulated``, ``replay``, ``triton``): what
+    can be tuned, and the request's default backend, depend on it. Bad input (no such file, an
+    invalid manifest, nothing to tune on that backend) is an
+    :class:`~infertune_tuner.errors.InputError` that says why.
     """
-    from sqlalchemy.exc import SQLAlchemyError
 
-    from infertune_operator.api.feasibility import feasibility_problems
-    from infertune_operator.api.manifest import load_deployment
-    from infertune_operator.api.models import SEED_MAX
-    from infertune_operator.api.to_request import to_request
-    from infertune_operator.cli_progress import TuneProgress
-    from infertune_tuner.run import tune as run_tune
-    from infertune_tuner.run import write_report
-    from infertune_tuner.storage import mask_url
+    def __call__(self, spec: Path, backend: str) -> TuningRequest: ...
 
-    exit_on_sigterm()
-    obj = load_deployment(spec)
-    problems = feasibility_problems(obj, backend=backend.split(":")[0], memory=False)
-    if problems:
-        raise InputError(f"{spec}: cannot be tuned", [str(p) for p in problems])
-    request = to_request(obj, default_backend=backend.split(":")[0])
-    overrides: dict[str, object] = {"backend": backend}
-    if seed is not None:
-        if not 0 <= seed <= SEED_MAX:
-            raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
-        overrides["seed"] = seed
-    if max_trials is not None:
-        if max_trials < 1:
-            raise InputError("--max-trials must be at least 1")
-        overrides["max_trials"] = max_trials
-    if sampler is not None:
-        overrides["sampler"] = sampler
-    if confidence is not None:
-        low, high = defaults.CONFIDENCE_RANGE
-        if not low <= confidence <= high:
-            raise InputError(f"--confidence must be between {low} and {high}, not {confidence}")
-        overrides["confidence"] = confidence
-    request = request.model_copy(update={"tuning": request.tuning.model_copy(update=overrides)})
-    out_dir = out or Path("infertune-out") / request.name
-    shown = TuneProgress(out_dir, bar=progress)
-    try:
-        report = run_tune(
-            request, backend=backend, out_dir=out_dir, server_command=server_command,
-            on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
-        )  # fmt: skip
-        shown.finish()
-        if report is not None:
-            paths = write_report(report, out_dir)
-    except BaseException as exc:
-        shown.finish()
-        if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
-            where = exc.filename or out_dir
-            raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
-        if isinstance(exc, SQLAlchemyError) and request.tuning.storage:  # the RDB study storage
-            url = mask_url(request.tuning.storage)
-            reason = getattr(exc, "orig", None) or exc
-            raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
-        raise
-    if report is None:  # a worker of a shared study: the last worker writes the report
-        typer.echo("worker done; the last worker of the shared study writes the report")
-        return
-    _summary(report, paths)
+
+def tune_command(read_spec: SpecReader) -> Callable[..., None]:
+    """The `tune` command, reading its SPEC with ``read_spec``."""
+
+    def tune(
+        spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest (YAML or JSON).")],
+        backend: Annotated[
+            str, typer.Option(help=f"{BACKEND_HELP}.", metavar="BACKEND")
+        ] = defaults.LOCAL_BACKEND,
+        out: Annotated[
+            Path | None, typer.Option(help="Output directory (default infertune-out/NAME).")
+        ] = None,
+        seed: Annotated[int | None, typer.Option(help="Override spec.tuning.seed.")] = None,
+        max_trials: Annotated[
+            int | None, typer.Option(help="Override spec.tuning.maxTrials.")
+        ] = None,
+        sampler: Annotated[
+            str | None,
+            typer.Option(
+                help="Override spec.tuning.sampler.", **one_of(Sampler, "--sampler", "sampler")
+            ),
+        ] = None,
+        confidence: Annotated[
+            float | None,
+            typer.Option(
+                help=f"Override spec.tuning.confidence: how sure `auto` must be before it stops "
+                f"(default {defaults.CONFIDENCE})."
+            ),
+        ] = None,
+        server_command: Annotated[
+            str | None,
+            typer.Option(
+                help="triton backend: command template that starts the server instead of "
+                "tritonserver."
+            ),
+        ] = None,
+        progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    ) -> None:
+        """Tune a deployment locally and write report.json/md/html.
+
+        Exit 0 with a feasible best, 3 when nothing meets the SLO, 4 when the trials themselves
+        keep failing (server does not start, no checkpoint), 2 on bad input.
+
+        Locally the default backend is the simulated GPU pool; `--backend triton` runs real
+        trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
+        recorded measurements. Re-running with the same output directory resumes the study.
+        """
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from infertune_tuner.cli.progress import TuneProgress
+        from infertune_tuner.run import tune as run_tune
+        from infertune_tuner.run import write_report
+        from infertune_tuner.storage import mask_url
+
+        exit_on_sigterm()
+        request = read_spec(spec, backend.split(":")[0])
+        overrides: dict[str, object] = {"backend": backend}
+        if seed is not None:
+            if not 0 <= seed <= SEED_MAX:
+                raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
+            overrides["seed"] = seed
+        if max_trials is not None:
+            if max_trials < 1:
+                raise InputError("--max-trials must be at least 1")
+            overrides["max_trials"] = max_trials
+        if sampler is not None:
+            overrides["sampler"] = sampler
+        if confidence is not None:
+            low, high = defaults.CONFIDENCE_RANGE
+            if not low <= confidence <= high:
+                raise InputError(f"--confidence must be between {low} and {high}, not {confidence}")
+            overrides["confidence"] = confidence
+        request = request.model_copy(update={"tuning": request.tuning.model_copy(update=overrides)})
+        out_dir = out or Path("infertune-out") / request.name
+        shown = TuneProgress(out_dir, bar=progress)
+        try:
+            report = run_tune(
+                request, backend=backend, out_dir=out_dir, server_command=server_command,
+                on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
+            )  # fmt: skip
+            shown.finish()
+            if report is not None:
+                paths = write_report(report, out_dir)
+        except BaseException as exc:
+            shown.finish()
+            if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
+                where = exc.filename or out_dir
+                raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
+            if isinstance(exc, SQLAlchemyError) and request.tuning.storage:  # the RDB study storage
+                url = mask_url(request.tuning.storage)
+                reason = getattr(exc, "orig", None) or exc
+                raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
+            raise
+        if report is None:  # a worker of a shared study: the last worker writes the report
+            typer.echo("worker done; the last worker of the shared study writes the report")
+            return
+        _summary(report, paths)
+
+    return tune
 
 
 def _summary(report: Report, paths: list[Path]) -> None:

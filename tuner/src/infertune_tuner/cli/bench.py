@@ -1,5 +1,5 @@
-"""`infertune bench`, `infertune render`: the benchmark harness commands (`infertune simserver`
-is the tuner's own command, `infertune_tuner.harness.simserver_cli`).
+"""`infertune bench`: drive a Triton server with the tuner's load generator and report what it
+measured.
 
 `bench` exits 0 when every request completed, 1 when some failed, stalled or the run stopped
 early (the report is still printed; `errors`, `error_samples`, `stalled` and `settings.stopped`
@@ -12,63 +12,17 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from infertune_tuner.config import (
-    CONFIG_KEYS,
-    KV_CACHE_DTYPE_VALUES,
-    MAX_BATCH_SIZE_LIMIT,
-    QUANTIZATION_VALUES,
-    TrialConfig,
-)
+from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT
 from infertune_tuner.errors import InputError
 from infertune_tuner.metrics import LATENCY_METRICS
+from infertune_tuner.request import SEED_MAX
 
 EXIT_SOME_FAILED = 1
 DEFAULT_DEADLINE_S = 3600.0
-
-
-CONFIG_METAVAR = "tp=N,max_batch_size=N,quantization=Q[,kv_cache_dtype=D]"
-
-
-def parse_config(text: str) -> TrialConfig:
-    """`tp=2,max_batch_size=128,quantization=fp8,kv_cache_dtype=auto` -> TrialConfig
-    (kv_cache_dtype defaults to auto). The `--config` option's parameter type."""
-    values: dict[str, str] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or not value.strip():
-            raise InputError(f"--config: {part!r} is not KEY=VALUE")
-        if key not in CONFIG_KEYS:
-            raise InputError(f"--config: unknown key {key!r}; keys: {', '.join(CONFIG_KEYS)}")
-        values[key] = value.strip()
-    values.setdefault("kv_cache_dtype", "auto")
-    missing = [k for k in CONFIG_KEYS if k not in values]
-    if missing:
-        raise InputError(f"--config: missing {', '.join(missing)}")
-    ints: dict[str, int] = {}
-    for key in ("tp", "max_batch_size"):
-        try:
-            ints[key] = int(values[key])
-        except ValueError:
-            raise InputError(f"--config: {key} must be an integer, not {values[key]!r}") from None
-        if ints[key] < 1:
-            raise InputError(f"--config: {key} must be at least 1")
-    if values["quantization"] not in QUANTIZATION_VALUES:
-        raise InputError(f"--config: quantization must be one of {', '.join(QUANTIZATION_VALUES)}")
-    if values["kv_cache_dtype"] not in KV_CACHE_DTYPE_VALUES:
-        raise InputError(
-            f"--config: kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_VALUES)}"
-        )
-    return TrialConfig(
-        ints["tp"], ints["max_batch_size"], values["quantization"], values["kv_cache_dtype"]
-    )
 
 
 def _print_table(result: Any) -> None:
@@ -187,7 +141,6 @@ def bench_warmup(concurrency: int | None, request_rate: float | None) -> int:
     return max(1, math.ceil(request_rate))
 
 
-SEED_MAX = 2**32 - 1
 MAX_BENCH_TOKENS = 2**20  # longer than any model's context: a typo, and a prompt too big to build
 
 
@@ -224,73 +177,3 @@ def _check_served(url: str, model: str, *, connect_timeout_s: float) -> None:
             raise InputError(f"--model {model!r}: not served at {url}: {exc.message()}") from None
     finally:
         client.close()
-
-
-def render(
-    spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest, YAML or JSON.")],
-    config: Annotated[
-        TrialConfig,
-        typer.Option(
-            help="The configuration to serve.", parser=parse_config, metavar=CONFIG_METAVAR
-        ),
-    ],
-    simulated: Annotated[
-        bool | None,
-        typer.Option(
-            "--simulated/--no-simulated",
-            help="Render the simulated server (default: as the operator resolves the backend: "
-            "spec.tuning.backend, else INFERTUNE_DEFAULT_BACKEND, else triton).",
-        ),
-    ] = None,
-) -> None:
-    """Print the Kubernetes objects (YAML) that would serve one configuration."""
-    import yaml
-
-    from infertune_operator.api.manifest import load_deployment
-    from infertune_operator.render import render_serving
-    from infertune_operator.settings import Settings
-    from infertune_tuner.runtime import SimulatedRuntime, TritonRuntime
-
-    obj = load_deployment(spec)
-    try:
-        settings = Settings.from_env()
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    runtime = None if simulated is None else SimulatedRuntime() if simulated else TritonRuntime()
-    _check_servable(obj, config, weights=simulated is not True)
-    objects = render_serving(obj, config, settings, runtime=runtime)
-    sys.stdout.write(yaml.dump_all(objects, Dumper=_block_dumper(), sort_keys=False))
-
-
-def _check_servable(obj: Any, config: TrialConfig, *, weights: bool) -> None:
-    """What `predict` would say against this configuration: render nothing that cannot run
-    (`weights`: the rendered server loads real weights, unless the spec says simulated)."""
-    from infertune_operator.api.feasibility import weights_problem
-    from infertune_operator.api.to_request import to_request
-    from infertune_tuner.servable import config_problems, fit_problem
-
-    request = to_request(obj)
-    arch, gpu = request.resolve_model(), request.resolve_gpu()
-    problems = config_problems(arch, gpu, config, max_gpus=request.gpu.max_gpus_per_replica)
-    if weights and (missing := weights_problem(request, "triton")) is not None:
-        problems.append(str(missing))
-    if not problems:
-        too_long = arch.context_problem(request.work.input_tokens, request.work.output_tokens)
-        fit = too_long or fit_problem(arch, gpu, config, request.work)
-        problems += [fit] if fit else []
-    if problems:
-        raise InputError(f"--config {config.label()} cannot be served", problems)
-
-
-def _block_dumper() -> Any:
-    import yaml
-
-    class BlockDumper(yaml.SafeDumper):
-        """yaml.safe_dump, with multi-line strings (model.yaml, scripts) as literal blocks."""
-
-    def text(dumper: yaml.SafeDumper, value: str) -> Any:
-        style = "|" if "\n" in value else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    BlockDumper.add_representer(str, text)
-    return BlockDumper
