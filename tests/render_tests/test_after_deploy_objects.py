@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import retune, verification
-from infertune_operator.api.models import BestMetrics, InferenceDeployment
+from infertune_operator.api.types import BestMetrics, InferenceDeployment
+from infertune_operator.policy import retune, verification
 from infertune_tuner.config import TrialConfig
 
 from .test_tuner_job_pod import SETTINGS, TH, body

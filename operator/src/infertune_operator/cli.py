@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infertune_operator import __version__, cli_operator
+from infertune_operator import __version__
+from infertune_operator.jobs.tune_job import tune_job
+from infertune_operator.jobs.verify_job import verify_job
 from infertune_tuner import defaults
 from infertune_tuner.cli.commands import mount
 from infertune_tuner.cli.support import Group, command
@@ -32,7 +34,7 @@ from infertune_tuner.config import (
 from infertune_tuner.errors import EXIT_INVALID, InputError
 
 if TYPE_CHECKING:
-    from infertune_operator.k8s import Kube
+    from infertune_operator.kube.client import Kube
     from infertune_tuner.request import TuningRequest
 
 CLUSTER_COMMANDS = "Cluster commands"
@@ -196,7 +198,7 @@ def render(
     import yaml
 
     from infertune_operator.api.manifest import load_deployment
-    from infertune_operator.render import render_serving
+    from infertune_operator.objects.serving import render_serving
     from infertune_operator.settings import Settings
     from infertune_tuner.runtime import SimulatedRuntime, TritonRuntime
 
@@ -259,8 +261,8 @@ def operator(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator: reconcile InferenceDeployments (tune, then deploy the winner)."""
-    from infertune_operator import k8s
-    from infertune_operator.handlers import serve
+    from infertune_operator.engine.handlers import serve
+    from infertune_operator.kube.client import connect
     from infertune_operator.settings import Settings
 
     namespaces = [n for n in namespace or [] if n]
@@ -272,7 +274,7 @@ def operator(
         settings = Settings.from_env()
     except ValueError as exc:
         raise InputError(f"operator settings: {exc}") from None
-    kube = k8s.connect()
+    kube = connect()
     _check_reachable(kube)
     serve(
         kube=kube,
@@ -287,13 +289,14 @@ def operator(
 def _check_reachable(kube: Kube) -> None:
     """One quick call before Kopf starts: a dead API server, or one that refuses our
     credentials, is one line and exit 2, not Kopf's retries ending in a long traceback."""
-    from infertune_operator import k8s
-    from infertune_operator.api.models import GROUP, PLURAL
+    from infertune_operator.api.types import GROUP, PLURAL
+    from infertune_operator.kube.errors import KubeError
+    from infertune_operator.kube.resources import Resource
 
-    crds = k8s.Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+    crds = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
     try:
         kube.get(crds, None, f"{PLURAL}.{GROUP}")
-    except k8s.KubeError as exc:
+    except KubeError as exc:
         if exc.status == 0:  # no HTTP answer at all: refused, unresolvable, TLS, timeout
             raise InputError(f"cannot reach the Kubernetes API server: {exc}") from None
         if exc.status == 401:
@@ -316,15 +319,19 @@ def report(
     """Fetch an InferenceDeployment's tuning report from the cluster; write JSON/Markdown/HTML."""
     import webbrowser
 
-    from infertune_operator import k8s, naming, report_store
+    from infertune_operator import naming
+    from infertune_operator.kube.client import connect
+    from infertune_operator.kube.errors import KubeError
+    from infertune_operator.kube.resources import CONFIGMAPS
+    from infertune_operator.reports.store import is_complete, parse_report, trials_total
     from infertune_tuner.run import write_report
 
-    kube = k8s.connect()
+    kube = connect()
     ns = namespace or kube.default_namespace
     cm_name = naming.report_configmap_name(name)
     try:
-        cm = kube.get(k8s.CONFIGMAPS, ns, cm_name)
-    except k8s.KubeError as exc:
+        cm = kube.get(CONFIGMAPS, ns, cm_name)
+    except KubeError as exc:
         raise InputError(f"cannot read ConfigMap {ns}/{cm_name}: {exc}") from None
     if cm is None:
         raise InputError(
@@ -332,13 +339,13 @@ def report(
             f"is tuning finished? see `kubectl get infd {name} -n {ns}`"
         )
     try:
-        parsed = report_store.parse_report(cm)
+        parsed = parse_report(cm)
     except ValueError as exc:
         raise InputError(f"ConfigMap {ns}/{cm_name}: {exc}") from None
-    if not report_store.is_complete(cm):
+    if not is_complete(cm):
         typer.echo(
             f"note: ConfigMap {ns}/{cm_name} holds a summary of the report: the "
-            f"{len(parsed.trials)} executed trials of {report_store.trials_total(cm, parsed)}, "
+            f"{len(parsed.trials)} executed trials of {trials_total(cm, parsed)}, "
             "their failure reasons cut short (the complete report did not fit in a ConfigMap; "
             "the study storage, spec.tuning.storage, keeps every trial)",
             err=True,
@@ -357,13 +364,14 @@ def _after_deploy(kube: Kube, namespace: str, name: str, paths: list[Path]) -> N
     """Append the verification and the observed workload, beside the tuned numbers, to
     report.md and report.html (and say them on stdout), when the InferenceDeployment can be
     read and serves something."""
-    from infertune_operator import k8s
-    from infertune_operator.report_live import deployed_view
+    from infertune_operator.kube.errors import KubeError
+    from infertune_operator.kube.resources import INFERENCEDEPLOYMENTS
+    from infertune_operator.reports.live import deployed_view
     from infertune_tuner.report import deployed
 
     try:
-        body = kube.get(k8s.INFERENCEDEPLOYMENTS, namespace, name)
-    except k8s.KubeError:  # `infertune report` needs only the ConfigMap: the rest is a bonus
+        body = kube.get(INFERENCEDEPLOYMENTS, namespace, name)
+    except KubeError:  # `infertune report` needs only the ConfigMap: the rest is a bonus
         return
     view = deployed_view(body) if body is not None else None
     if view is None:
@@ -383,8 +391,8 @@ for _command in (
     validate,
     render,
     operator,
-    cli_operator.tune_job,
-    cli_operator.verify_job,
+    tune_job,
+    verify_job,
     report,
 ):
     command(app, _command, panel=CLUSTER_COMMANDS)
