@@ -127,7 +127,7 @@ def measure(case: Case, scale: float, logdir: Path, server: str = "simserver") -
         argv = triton_argv(case, scale, logdir, port)
     else:
         argv = [
-            sys.executable, "-m", "infertune_tuner.harness.simserver", "--host", "127.0.0.1",
+            sys.executable, "-m", "infertune_tuner.cli.simserver", "--host", "127.0.0.1",
             "--port", str(port), "--http-port", "-1", "--model", MODEL, "--gpu", GPU,
             "--max-batch", str(case.max_batch), "--quant", QUANT, "--time-scale", str(scale),
         ]  # fmt: skip

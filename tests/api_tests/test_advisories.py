@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from infertune_operator.api.advisories import TOKEN_MISSING, advisories
 from infertune_operator.api.manifest import validate_document
-from infertune_operator.api.models import InferenceDeployment
+from infertune_operator.api.types import InferenceDeployment
 from infertune_operator.cli import app
 
 

@@ -8,8 +8,8 @@ import yaml
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from infertune_operator.api import models
 from infertune_operator.api.crd import crd, crd_yaml
+from infertune_operator.api.types import InferenceDeploymentSpec
 from infertune_operator.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_every_model_field_is_in_the_crd_schema() -> None:
     """A field added to the models changes the generated CRD (so the drift test catches it)."""
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     spec = schema["properties"]["spec"]
-    missing = [p for p, _ in _fields(models.InferenceDeploymentSpec) if _lookup(spec, p) is None]
+    missing = [p for p, _ in _fields(InferenceDeploymentSpec) if _lookup(spec, p) is None]
     assert missing == []
 
 

@@ -9,8 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from infertune_operator.cli import app
-from infertune_operator.cli_harness import parse_config
+from infertune_operator.cli import app, parse_config
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.harness.runner import free_port

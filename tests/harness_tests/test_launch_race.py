@@ -99,7 +99,7 @@ def side_by_side(tmp_path: Path, request: TuningRequest, serial: bool) -> list[M
     rendezvous = tmp_path / "picked"
     rendezvous.mkdir()
     runtime = LlmapiLaunched(
-        program=(sys.executable, "-m", "infertune_tuner.harness.simserver"), time_scale=0.05,
+        program=(sys.executable, "-m", "infertune_tuner.cli.simserver"), time_scale=0.05,
         launcher=str(launcher), base_port=random.randint(11000, 30000), rendezvous=str(rendezvous),
         serial=serial,
     )  # fmt: skip

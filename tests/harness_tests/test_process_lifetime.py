@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 SIM = (
-    f"{sys.executable} -m infertune_tuner.harness.simserver --host 127.0.0.1 --port {{port}}"
+    f"{sys.executable} -m infertune_tuner.cli.simserver --host 127.0.0.1 --port {{port}}"
     " --http-port {http_port} --model {model} --gpu {gpu} --tp {tp}"
     " --max-batch {max_batch_size} --quant {quantization} --kv-dtype {kv_cache_dtype}"
     " --served-model {served_model}"
@@ -110,7 +110,7 @@ def test_the_server_dies_with_the_tuner(tmp_path: Path, launch: str, sig: int) -
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        server = f"{sys.executable} -m infertune_tuner.harness.simserver "
+        server = f"{sys.executable} -m infertune_tuner.cli.simserver "
         wait_for(
             lambda: any(c.startswith(server) for c in marked(marker).values()),
             timeout=60, what="the trial's server to start",

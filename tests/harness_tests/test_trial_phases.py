@@ -10,7 +10,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 
 SIM = (
-    f"{sys.executable} -m infertune_tuner.harness.simserver --host 127.0.0.1 --port {{port}}"
+    f"{sys.executable} -m infertune_tuner.cli.simserver --host 127.0.0.1 --port {{port}}"
     " --http-port {http_port} --model {model} --gpu {gpu} --tp {tp}"
     " --max-batch {max_batch_size} --quant {quantization} --kv-dtype {kv_cache_dtype}"
     " --served-model {served_model} --time-scale 0.05"

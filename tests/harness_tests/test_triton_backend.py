@@ -23,9 +23,9 @@ from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime import SimulatedRuntime
 from infertune_tuner.runtime.triton import MODEL_YAML_KEYS
 
-PROGRAM = (sys.executable, "-m", "infertune_tuner.harness.simserver")
+PROGRAM = (sys.executable, "-m", "infertune_tuner.cli.simserver")
 SIM_RUNTIME = SimulatedRuntime(program=PROGRAM, time_scale=0.05)
-SIM = f"{sys.executable} -m infertune_tuner.harness.simserver --host 127.0.0.1"
+SIM = f"{sys.executable} -m infertune_tuner.cli.simserver --host 127.0.0.1"
 TEMPLATE = (
     SIM + " --port {port} --http-port {http_port} --model {model} --gpu {gpu} --tp {tp}"
     " --max-batch {max_batch_size} --quant {quantization} --kv-dtype {kv_cache_dtype}"
@@ -182,7 +182,7 @@ FAKE_LAUNCHER = textwrap.dedent(
     top = lambda key: re.search(rf"^{key}: (\\S+)$", text, re.M).group(1)
     assert top("tensor_parallel_size") == a.world_size
     subprocess.Popen([
-        os.environ["INFERTUNE_TEST_PYTHON"], "-m", "infertune_tuner.harness.simserver",
+        os.environ["INFERTUNE_TEST_PYTHON"], "-m", "infertune_tuner.cli.simserver",
         "--host", "127.0.0.1", "--port", a.grpc_port, "--http-port", a.http_port,
         "--model", "llama-3-8b", "--gpu", "H100-SXM-80GB", "--tp", a.world_size,
         "--max-batch", top("max_batch_size"), "--quant", "bf16",

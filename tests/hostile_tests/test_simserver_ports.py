@@ -58,7 +58,7 @@ def test_two_servers_with_default_http_ports_both_serve() -> None:
         for _ in range(2):
             port = free_pair()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "infertune_tuner.harness.simserver", *SIM[1:],
+                [sys.executable, "-m", "infertune_tuner.cli.simserver", *SIM[1:],
                  "--port", str(port), "--time-scale", "0.01"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip

@@ -8,7 +8,7 @@ resource quantities (``apply_emulation``). No controllers run: tests play the Jo
 Deployment controller by patching status (and play the tuner by running `infertune tune-job`).
 
 The operator runs for real (``kopf.operator``) in a background thread with its own event loop;
-Kopf logs in through a custom login handler, k8s.py through ``Kube.for_url``.
+Kopf logs in through a custom login handler, the operator's client through ``Kube.for_url``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from kmock._internal import enums
 from kmock._internal.dicts import patch_dict
 from kmock._internal.k8s import KubernetesError
 
-from infertune_operator.backoff import Backoff
-from infertune_operator.k8s import Kube
+from infertune_operator.kube.client import Kube
+from infertune_operator.policy.backoff import Backoff
 from infertune_operator.settings import Settings
 from infertune_tuner.result import Report
 
@@ -348,7 +348,7 @@ class OperatorRunner:
         return kopf.ConnectionInfo(server=self.url, insecure=True)
 
     def _main(self) -> None:
-        from infertune_operator.handlers import run_operator
+        from infertune_operator.engine.handlers import run_operator
 
         try:
             asyncio.run(
@@ -504,18 +504,17 @@ def api_url(api: FakeApiServer) -> str:
 async def seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) -> Report:
     """A report ConfigMap for this spec's hash, as a finished tuner Job would have left it
     (replacing the report of an earlier spec, as the next tuner Job would)."""
-    from infertune_operator import reconcile, report_store
     from infertune_operator.api.to_request import to_request
+    from infertune_operator.policy.tuning import tuning_hash, validate
+    from infertune_operator.reports.store import report_configmap
     from infertune_tuner.run import tune
 
     name = body["metadata"]["name"]
-    th = reconcile.tuning_hash(body["spec"], SETTINGS)
-    obj, problems = reconcile.validate(body)
+    th = tuning_hash(body["spec"], SETTINGS)
+    obj, problems = validate(body)
     assert obj is not None, problems
     report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / f"{name}-{th}")
-    cm = report_store.report_configmap(
-        name=name, namespace=NS, report=report, th=th, owner_uid=None
-    )
+    cm = report_configmap(name=name, namespace=NS, report=report, th=th, owner_uid=None)
     if get(api, "configmaps", cm["metadata"]["name"]) is None:
         await post(api, "configmaps", cm)
     else:

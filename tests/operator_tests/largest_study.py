@@ -14,9 +14,9 @@ import random
 import uuid
 from typing import Any
 
-from infertune_operator import reconcile
-from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
+from infertune_operator.api.types import InferenceDeployment
+from infertune_operator.policy.tuning import validate
 from infertune_tuner.config import MAX_BATCH_SIZE_LIMIT
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import TuningRequest
@@ -64,7 +64,7 @@ def largest_manifest(name: str = "huge") -> dict[str, Any]:
 
 
 def _request(body: dict[str, Any]) -> TuningRequest:
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert isinstance(obj, InferenceDeployment), problems
     return to_request(obj)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infertune_operator.backoff import Backoff
-from infertune_operator.kube_errors import from_response, parse_retry_after
+from infertune_operator.kube.errors import from_response, parse_retry_after
+from infertune_operator.policy.backoff import Backoff
 
 from . import faults
 from .apiserver import (
@@ -143,16 +143,18 @@ async def test_the_tuner_retries_its_report_write_through_an_outage(
 ) -> None:
     import asyncio
 
-    from infertune_operator import k8s, reconcile, tuner_job
     from infertune_operator.api.to_request import to_request
-    from infertune_operator.report_owner import WriteAction
-    from infertune_operator.report_writer import write_report
+    from infertune_operator.kube.client import Kube
+    from infertune_operator.objects import tuner_job
+    from infertune_operator.policy.tuning import validate
+    from infertune_operator.reports.owner import WriteAction
+    from infertune_operator.reports.writer import write_report
     from infertune_tuner.run import tune
 
     from .apiserver import NS, SETTINGS, api_url, post
 
     body = await post(api, "inferencedeployments", manifest("saved"))
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert obj is not None, problems
     report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / "study")
     clock = faults.Clock(TIME_SCALE)
@@ -160,7 +162,7 @@ async def test_the_tuner_retries_its_report_write_through_an_outage(
                            plurals=frozenset({"configmaps"}))  # fmt: skip
     api.outages = [outage]
     outcome = await asyncio.to_thread(
-        write_report, k8s.Kube.for_url(api_url(api)),
+        write_report, Kube.for_url(api_url(api)),
         request=tuner_job.tuning_request(obj, SETTINGS), report=report, namespace=NS,
         th="h", uid=body["metadata"]["uid"], backoff=BACKOFF,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Server-side apply and the classification of API errors (k8s.py against the emulator)."""
+"""Server-side apply and the classification of API errors (kube/client.py against the emulator)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,23 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from infertune_operator import (
-    conditions,
-    k8s,
-    kube_errors,
-    managed_fields,
-    naming,
-    reconcile_serving,
-)
+from infertune_operator import naming
 from infertune_operator.api.formats import QUANTITY_PATTERN
+from infertune_operator.kube import managed_fields
+from infertune_operator.kube.client import MERGE_PATCH, Kube
+from infertune_operator.kube.errors import (
+    ClientError,
+    Conflict,
+    Forbidden,
+    KubeError,
+    NotFound,
+    ServerError,
+    Unreachable,
+    from_response,
+)
+from infertune_operator.kube.resources import DEPLOYMENTS
+from infertune_operator.policy import conditions
+from infertune_operator.policy.serving import apply_failed
 from infertune_tuner.config import TrialConfig
 
 from . import apply_emulation
@@ -64,7 +72,7 @@ async def _patch_as(api: FakeApiServer, manager: str, body: dict[str, Any]) -> N
 
 
 async def test_apply_removes_what_the_new_render_leaves_out(api: FakeApiServer) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     toleration = {"key": "pool-a", "operator": "Exists"}
     first = _deployment({"pool": "a", "zone": "z1"}, [toleration])
     created = await asyncio.to_thread(kube.apply, first)
@@ -87,7 +95,7 @@ async def test_apply_removes_what_the_new_render_leaves_out(api: FakeApiServer) 
 async def test_apply_keeps_what_other_managers_set_and_takes_back_its_own(
     api: FakeApiServer,
 ) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     first = _deployment({"pool": "a"})
     first["spec"]["template"]["metadata"]["labels"]["config"] = "tp2"
     await asyncio.to_thread(kube.apply, first)
@@ -114,7 +122,7 @@ async def test_apply_keeps_what_other_managers_set_and_takes_back_its_own(
 
 
 async def test_the_render_hash_skips_an_unchanged_object(api: FakeApiServer) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     owner = {"apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment",
              "metadata": {"name": "llm", "namespace": NS, "uid": "u-1"}}  # fmt: skip
     desired = naming.owned(_deployment({"pool": "a"}), owner)
@@ -128,7 +136,7 @@ async def test_apply_without_force_meets_the_conflict_the_server_reports(
     api: FakeApiServer,
 ) -> None:
     """The emulator holds to the semantics the operator's ``force=true`` answers."""
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     await asyncio.to_thread(kube.apply, _deployment())
     await _patch_as(api, "kubectl-edit", {"spec": {"replicas": 3}})
     headers = {"Content-Type": apply_emulation.APPLY_CONTENT_TYPE}
@@ -142,8 +150,8 @@ async def test_apply_without_force_meets_the_conflict_the_server_reports(
 async def test_a_malformed_quantity_is_a_400_client_error_with_the_servers_message(
     api: FakeApiServer,
 ) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
-    with pytest.raises(k8s.ClientError) as caught:
+    kube = Kube.for_url(api_url(api))
+    with pytest.raises(ClientError) as caught:
         await asyncio.to_thread(kube.apply, _deployment(limits={"cpu": "lots"}))
     err = caught.value
     assert (err.status, err.reason, err.retryable) == (400, "BadRequest", False)
@@ -154,9 +162,9 @@ async def test_a_malformed_quantity_is_a_400_client_error_with_the_servers_messa
 
 
 async def test_a_negative_quantity_is_a_422_with_the_field(api: FakeApiServer) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     await asyncio.to_thread(kube.apply, _deployment())
-    with pytest.raises(k8s.ClientError) as caught:
+    with pytest.raises(ClientError) as caught:
         await asyncio.to_thread(kube.apply, _deployment(limits={"cpu": "-1"}))
     assert (caught.value.status, caught.value.reason) == (422, "Invalid")
     assert "spec.template.spec.containers[0].resources.limits.cpu" in str(caught.value)
@@ -167,32 +175,32 @@ async def test_a_negative_quantity_is_a_422_with_the_field(api: FakeApiServer) -
 @pytest.mark.parametrize(
     ("status", "cls", "retryable"),
     [
-        (400, kube_errors.ClientError, False),
-        (403, kube_errors.Forbidden, False),
-        (404, kube_errors.NotFound, False),
-        (409, kube_errors.Conflict, True),
-        (422, kube_errors.ClientError, False),
-        (429, kube_errors.ClientError, True),
-        (500, kube_errors.ServerError, True),
-        (503, kube_errors.ServerError, True),
+        (400, ClientError, False),
+        (403, Forbidden, False),
+        (404, NotFound, False),
+        (409, Conflict, True),
+        (422, ClientError, False),
+        (429, ClientError, True),
+        (500, ServerError, True),
+        (503, ServerError, True),
     ],
 )
 def test_errors_are_classified_by_status(
-    status: int, cls: type[kube_errors.KubeError], retryable: bool
+    status: int, cls: type[KubeError], retryable: bool
 ) -> None:
     body = '{"kind": "Status", "reason": "Why", "message": "the server says no"}'
-    err = kube_errors.from_response(status, "HTTP reason", body, "apply deployments/x")
+    err = from_response(status, "HTTP reason", body, "apply deployments/x")
     assert type(err) is cls and err.status == status and err.retryable is retryable
     assert str(err) == "apply deployments/x: the server says no" and err.reason == "Why"
-    bare = kube_errors.from_response(status, "Bad Gateway", "<html>", "get x")
+    bare = from_response(status, "Bad Gateway", "<html>", "get x")
     assert str(bare) == f"get x: HTTP {status} Bad Gateway" and bare.reason == "Bad Gateway"
 
 
 def test_a_dead_server_is_unreachable_with_the_cause_chained() -> None:
-    kube = k8s.Kube.for_url("http://127.0.0.1:9")  # discard port: connection refused
+    kube = Kube.for_url("http://127.0.0.1:9")  # discard port: connection refused
     kube.timeout = (0.5, 0.5)
-    with pytest.raises(k8s.Unreachable) as caught:
-        kube.get(k8s.DEPLOYMENTS, NS, "x")
+    with pytest.raises(Unreachable) as caught:
+        kube.get(DEPLOYMENTS, NS, "x")
     assert caught.value.retryable and caught.value.__cause__ is not None
 
 
@@ -212,11 +220,11 @@ def test_the_crd_pattern_accepts_exactly_what_the_api_server_parses(value: str) 
 def test_apply_failed_keeps_a_previous_ready_configuration_serving() -> None:
     config = TrialConfig(1, 8, "bf16", "auto")
     ready = {"conditions": [{"type": "Ready", "status": "True", "reason": "DeploymentAvailable"}]}
-    t = reconcile_serving.apply_failed(config, "422 says no", None, ready)
+    t = apply_failed(config, "422 says no", None, ready)
     assert t.phase == "Failed" and "keeps serving" in t.message
     assert set(t.conditions) == {conditions.DEPLOYED}
     assert t.conditions[conditions.DEPLOYED].reason == conditions.APPLY_FAILED
-    fresh = reconcile_serving.apply_failed(config, "422 says no", None, None)
+    fresh = apply_failed(config, "422 says no", None, None)
     assert fresh.conditions[conditions.READY].status == "False"
     events = conditions.transition_events(
         None, conditions.next_status(None, fresh, generation=1, now="t", tuning_hash="h")
@@ -243,18 +251,18 @@ async def test_a_deployment_an_earlier_version_merge_patched_is_cleaned_on_upgra
     api: FakeApiServer,
 ) -> None:
     """Earlier versions created and merge-patched: the client's default manager owns it all."""
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     owner = {"apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment",
              "metadata": {"name": "llm", "namespace": NS, "uid": "u-1"}}  # fmt: skip
     old = naming.owned(_deployment({"pool": "a", "zone": "z1"}), owner)
     current = naming.owned(_deployment({"pool": "a"}), owner)
     # Their calls: no fieldManager, so the server names the manager after the User-Agent.
     await asyncio.to_thread(
-        kube._call, "POST", k8s.DEPLOYMENTS.path(NS), body=old, what="the old create"
+        kube._call, "POST", DEPLOYMENTS.path(NS), body=old, what="the old create"
     )
     await asyncio.to_thread(
-        kube._call, "PATCH", k8s.DEPLOYMENTS.path(NS, "llm"), body=current,
-        content_type=k8s.MERGE_PATCH, what="the old apply",
+        kube._call, "PATCH", DEPLOYMENTS.path(NS, "llm"), body=current,
+        content_type=MERGE_PATCH, what="the old apply",
     )  # fmt: skip
     assert _pod(api)["nodeSelector"] == {"pool": "a", "zone": "z1"}  # the stale key
     legacy = (get(api, "deployments", "llm") or {})["metadata"]["managedFields"]

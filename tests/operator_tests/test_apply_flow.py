@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infertune_operator.controller import IN_FLIGHT
+from infertune_operator.engine.context import IN_FLIGHT
 
 from .apiserver import (
     FakeApiServer,

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from infertune_operator import reconcile, report_store, tuner_job
 from infertune_operator.cli import app
+from infertune_operator.objects import tuner_job
+from infertune_operator.policy.tuning import validate
+from infertune_operator.reports.store import report_configmap
 from infertune_tuner.result import Report
 
 from .apiserver import NS, SETTINGS, FakeApiServer, get, manifest, post
@@ -34,15 +36,13 @@ def _report(tmp_path: Path, *, feasible: bool = True) -> Report:
     from infertune_tuner.run import tune
 
     body = manifest("llm", slo={"e2eLatencyMs": {"p95": 20000 if feasible else 10}})
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert obj is not None, problems
     return tune(to_request(obj), backend="simulated", out_dir=tmp_path / "study")
 
 
 def _report_cm(report: Report) -> dict[str, Any]:
-    return report_store.report_configmap(
-        name="llm", namespace=NS, report=report, th="abcd1234", owner_uid=None
-    )
+    return report_configmap(name="llm", namespace=NS, report=report, th="abcd1234", owner_uid=None)
 
 
 def _raw_cm(data: dict[str, str] | None, binary: dict[str, str] | None = None) -> dict[str, Any]:
@@ -139,7 +139,7 @@ async def test_tune_job_writes_the_report_configmap_and_overwrites_it(
     body = manifest("llm", slo={"e2eLatencyMs": {"p95": 10}})  # infeasible: still exit 0
     body["metadata"]["uid"] = "uid-1"
     await post(api, "inferencedeployments", body)  # the tuner writes only for a live object
-    obj, _ = reconcile.validate(body)
+    obj, _ = validate(body)
     assert obj is not None
     request = tmp_path / "request.json"
     cm = tuner_job.request_configmap(obj, body, "h1", SETTINGS)

@@ -13,7 +13,12 @@ from typing import Any
 
 from kmock._internal import enums
 
-from infertune_operator import controller, handlers, k8s, naming, reconcile, tuner_job
+from infertune_operator import naming
+from infertune_operator.engine import controller, handlers
+from infertune_operator.engine.context import Context
+from infertune_operator.kube.client import CONNECTION_POOL_MAXSIZE, Kube
+from infertune_operator.objects import tuner_job
+from infertune_operator.policy.tuning import tuning_hash, validate
 
 from .apiserver import (
     NS,
@@ -56,9 +61,9 @@ def _creates(api: FakeApiServer, plural: str, since: int = 0) -> int:
 
 
 def _job_for(body: dict[str, Any]) -> dict[str, Any]:
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert obj is not None, problems
-    th = reconcile.tuning_hash(body["spec"], SETTINGS)
+    th = tuning_hash(body["spec"], SETTINGS)
     return tuner_job.tuner_job(obj, body, th, SETTINGS)
 
 
@@ -66,7 +71,7 @@ async def test_a_new_object_reads_only_its_report_before_starting_tuning(
     api: FakeApiServer, operator: OperatorRunner
 ) -> None:
     body = await create(api, manifest("fresh"))
-    th = reconcile.tuning_hash(body["spec"], SETTINGS)
+    th = tuning_hash(body["spec"], SETTINGS)
     job_name = naming.job_name("fresh", th)
 
     await wait_for(lambda: phase(api, "fresh") == "Pending", what="phase Pending")
@@ -104,9 +109,7 @@ async def test_only_the_first_sync_of_an_object_takes_the_create_shortcut(
     api: FakeApiServer,
 ) -> None:
     body = await create(api, manifest("twice"))
-    ctx = controller.Context(
-        kube=k8s.Kube.for_url(api_url(api)), settings=SETTINGS, post_event=lambda *_: None
-    )
+    ctx = Context(kube=Kube.for_url(api_url(api)), settings=SETTINGS, post_event=lambda *_: None)
 
     assert (
         await asyncio.to_thread(controller.sync, ctx, NS, "twice", created_body=body) == "Pending"
@@ -124,9 +127,7 @@ async def test_only_the_first_sync_of_an_object_takes_the_create_shortcut(
 async def test_an_object_with_status_never_takes_the_create_shortcut(api: FakeApiServer) -> None:
     body = await create(api, manifest("known"))
     body["status"] = {"phase": "Pending"}
-    ctx = controller.Context(
-        kube=k8s.Kube.for_url(api_url(api)), settings=SETTINGS, post_event=lambda *_: None
-    )
+    ctx = Context(kube=Kube.for_url(api_url(api)), settings=SETTINGS, post_event=lambda *_: None)
     await asyncio.to_thread(controller.sync, ctx, NS, "known", created_body=body)
     assert _reads(api, "inferencedeployments", "known") == 1
 
@@ -144,7 +145,7 @@ def test_only_job_events_with_news_reach_the_handler_threads() -> None:
 def test_every_handler_thread_keeps_its_api_connection() -> None:
     settings = handlers.operator_settings()
     assert settings.execution.max_workers == handlers.HANDLER_THREADS
-    assert k8s.CONNECTION_POOL_MAXSIZE > handlers.HANDLER_THREADS  # + the resync's thread
-    assert k8s.Kube.for_url("http://localhost:1")._api.configuration.connection_pool_maxsize == (
-        k8s.CONNECTION_POOL_MAXSIZE
+    assert CONNECTION_POOL_MAXSIZE > handlers.HANDLER_THREADS  # + the resync's thread
+    assert Kube.for_url("http://localhost:1")._api.configuration.connection_pool_maxsize == (
+        CONNECTION_POOL_MAXSIZE
     )

@@ -10,9 +10,19 @@ import gzip
 import random
 from pathlib import Path
 
-from infertune_operator import k8s, reconcile, report_store, tuner_job
-from infertune_operator.report_owner import WriteAction
-from infertune_operator.report_writer import write_report
+from infertune_operator.kube.client import Kube
+from infertune_operator.kube.errors import ClientError
+from infertune_operator.objects import tuner_job
+from infertune_operator.policy.tuning import tuning_hash, validate
+from infertune_operator.reports.owner import WriteAction
+from infertune_operator.reports.store import (
+    REPORT_BUDGET,
+    parse_report,
+    report_configmap,
+    stored_bytes,
+    trials_total,
+)
+from infertune_operator.reports.writer import write_report
 from infertune_tuner.result import Report
 
 from . import faults
@@ -70,13 +80,13 @@ async def test_a_job_without_timeout_has_a_deadline_and_the_status_says_it_ended
 async def test_the_emulator_refuses_a_configmap_over_1_mib_as_the_api_server_does(
     api: FakeApiServer,
 ) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     body = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "big", "namespace": NS},
             "data": {"a": "x" * (faults.CONFIGMAP_LIMIT - 10), "b": "y" * 11}}  # fmt: skip
     try:
         await asyncio.to_thread(kube.create, body)
-    except k8s.ClientError as exc:
+    except ClientError as exc:
         assert exc.status == 422 and exc.reason == "Invalid"
         assert 'ConfigMap "big" is invalid: []: Too long: may not be more than 1048576 bytes' in (
             str(exc)
@@ -92,9 +102,9 @@ async def test_the_largest_study_the_crd_allows_is_reported_within_1_mib(
 ) -> None:
     body = largest_manifest("huge")
     created = await create(api, body)
-    obj, problems = reconcile.validate(created)
+    obj, problems = validate(created)
     assert obj is not None, problems
-    th = reconcile.tuning_hash(created["spec"], SETTINGS)
+    th = tuning_hash(created["spec"], SETTINGS)
     await wait_for(lambda: jobs_of(api, "huge"), what="the tuner Job")
     report = await asyncio.to_thread(largest_report, created)
     assert report.space_size == 4480 and report.executed_trials == 1000
@@ -102,7 +112,7 @@ async def test_the_largest_study_the_crd_allows_is_reported_within_1_mib(
     print(f"largest study: {len(whole.encode())} bytes of JSON (indented, as written before)")
 
     # What the tuner Job writes, through the emulator's 1 MiB check.
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     request = tuner_job.tuning_request(obj, SETTINGS)
     outcome = await asyncio.to_thread(
         write_report, kube, request=request, report=report, namespace=NS, th=th,
@@ -111,10 +121,10 @@ async def test_the_largest_study_the_crd_allows_is_reported_within_1_mib(
     assert outcome.action is WriteAction.CREATE and outcome.complete
     stored = get(api, "configmaps", "huge-tuning-report")
     assert stored is not None
-    size = report_store.stored_bytes(stored)
+    size = stored_bytes(stored)
     print(f"stored: {size} bytes ({size / faults.CONFIGMAP_LIMIT:.0%} of 1 MiB)")
-    assert size <= report_store.REPORT_BUDGET
-    assert report_store.parse_report(stored) == report  # every trial, in the compressed form
+    assert size <= REPORT_BUDGET
+    assert parse_report(stored) == report  # every trial, in the compressed form
 
     # The operator serves from it, and the status counts every configuration considered.
     await wait_for(lambda: phase(api, "huge") == "Deploying", timeout=30, what="phase Deploying")
@@ -127,13 +137,13 @@ async def test_a_largest_study_gzip_cannot_shrink_is_stored_as_its_summary(
 ) -> None:
     body = largest_manifest("noisy")
     created = await create(api, body)
-    obj, problems = reconcile.validate(created)
+    obj, problems = validate(created)
     assert obj is not None, problems
     report = await asyncio.to_thread(largest_report, created, incompressible=True)
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
 
     # What earlier versions stored (the report gzipped whole) is over the limit: refused.
-    old = copy.deepcopy(report_store.report_configmap(
+    old = copy.deepcopy(report_configmap(
         name="noisy", namespace=NS, report=report.model_copy(update={"trials": []}),
         th="x", owner_uid=None))  # fmt: skip
     packed = gzip.compress(report.to_json().encode(), compresslevel=9, mtime=0)
@@ -141,7 +151,7 @@ async def test_a_largest_study_gzip_cannot_shrink_is_stored_as_its_summary(
     old["data"], old["binaryData"] = None, {"report.json.gz": base64.b64encode(packed).decode()}
     try:
         await asyncio.to_thread(kube.create, old)
-    except k8s.ClientError as exc:
+    except ClientError as exc:
         assert exc.status == 422 and "Too long" in str(exc)
     else:
         raise AssertionError("the emulator took a ConfigMap over 1 MiB")
@@ -154,12 +164,12 @@ async def test_a_largest_study_gzip_cannot_shrink_is_stored_as_its_summary(
     assert outcome.action is WriteAction.CREATE and not outcome.complete
     stored = get(api, "configmaps", "noisy-tuning-report")
     assert stored is not None
-    size = report_store.stored_bytes(stored)
+    size = stored_bytes(stored)
     print(f"stored summary: {size} bytes ({size / faults.CONFIGMAP_LIMIT:.0%} of 1 MiB)")
-    assert size <= report_store.REPORT_BUDGET
-    summary = report_store.parse_report(stored)
+    assert size <= REPORT_BUDGET
+    summary = parse_report(stored)
     assert summary.best == report.best and len(summary.trials) == 1000
-    assert report_store.trials_total(stored, summary) == 4480
+    assert trials_total(stored, summary) == 4480
 
 
 async def test_infertune_report_renders_what_a_summary_keeps(
@@ -170,7 +180,7 @@ async def test_infertune_report_renders_what_a_summary_keeps(
 
     body = manifest("brief")
     created = await create(api, body)
-    obj, problems = reconcile.validate(created)
+    obj, problems = validate(created)
     assert obj is not None, problems
     report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / "study")
     rng = random.Random(5)
@@ -179,7 +189,7 @@ async def test_infertune_report_renders_what_a_summary_keeps(
         for t in report.trials
     ]
     noisy = report.model_copy(update={"trials": loud})
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     outcome = await asyncio.to_thread(
         write_report, kube, request=tuner_job.tuning_request(obj, SETTINGS), report=noisy,
         namespace=NS, th="x", uid=created["metadata"]["uid"],

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from infertune_operator.backoff import Backoff
+from infertune_operator.policy.backoff import Backoff
 
 from .apiserver import (
     SETTINGS,

@@ -1,4 +1,4 @@
-"""k8s.py, the only module that talks to the API, against the kmock emulator."""
+"""kube/client.py, the only module that talks to the API, against the kmock emulator."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import k8s
+from infertune_operator.kube.client import Kube
+from infertune_operator.kube.errors import KubeConfigError, KubeError, NotFound
+from infertune_operator.kube.resources import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    INFERENCEDEPLOYMENTS,
+    JOBS,
+    resource_of,
+)
 
 from .apiserver import NS, FakeApiServer, api_url, get
 
@@ -23,23 +31,23 @@ def _cm(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 async def test_crud_on_plain_dicts(api: FakeApiServer) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
 
     def scenario() -> None:
-        assert kube.get(k8s.CONFIGMAPS, NS, "a") is None
+        assert kube.get(CONFIGMAPS, NS, "a") is None
         created, fresh = kube.create(_cm("a", {"app": "x"}))
         assert fresh and created["metadata"]["uid"]
         adopted, fresh = kube.create(_cm("a", {"app": "x"}))  # 409 AlreadyExists -> adoption
         assert not fresh and adopted["metadata"]["uid"] == created["metadata"]["uid"]
         kube.create(_cm("b", {"app": "y"}))
-        assert [c["metadata"]["name"] for c in kube.list(k8s.CONFIGMAPS, NS, {"app": "x"})] == ["a"]
-        assert len(kube.list(k8s.CONFIGMAPS, NS)) == 2
-        patched = kube.patch(k8s.CONFIGMAPS, NS, "a", {"data": {"k2": "v2"}})
+        assert [c["metadata"]["name"] for c in kube.list(CONFIGMAPS, NS, {"app": "x"})] == ["a"]
+        assert len(kube.list(CONFIGMAPS, NS)) == 2
+        patched = kube.patch(CONFIGMAPS, NS, "a", {"data": {"k2": "v2"}})
         assert patched["data"] == {"k": "v", "k2": "v2"}
-        assert kube.delete(k8s.CONFIGMAPS, NS, "a") is True
-        assert kube.delete(k8s.CONFIGMAPS, NS, "a") is False
-        with pytest.raises(k8s.NotFound):
-            kube.patch(k8s.CONFIGMAPS, NS, "a", {"data": {}})
+        assert kube.delete(CONFIGMAPS, NS, "a") is True
+        assert kube.delete(CONFIGMAPS, NS, "a") is False
+        with pytest.raises(NotFound):
+            kube.patch(CONFIGMAPS, NS, "a", {"data": {}})
         assert kube.ensure(_cm("c")) is True
         assert kube.ensure(_cm("c")) is False
 
@@ -49,7 +57,7 @@ async def test_crud_on_plain_dicts(api: FakeApiServer) -> None:
 
 
 async def test_apply_creates_then_patches(api: FakeApiServer) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     first = await asyncio.to_thread(kube.apply, _cm("svc"))
     changed = _cm("svc")
     changed["data"] = {"k": "w"}
@@ -59,12 +67,12 @@ async def test_apply_creates_then_patches(api: FakeApiServer) -> None:
 
 
 async def test_status_patch_goes_to_the_subresource(api: FakeApiServer) -> None:
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     body = {"apiVersion": "infertune.io/v1alpha1", "kind": "InferenceDeployment",
             "metadata": {"name": "x", "namespace": NS}, "spec": {}}  # fmt: skip
     await asyncio.to_thread(kube.create, body)
     await asyncio.to_thread(
-        kube.patch, k8s.INFERENCEDEPLOYMENTS, NS, "x", {"status": {"phase": "Tuning"}},
+        kube.patch, INFERENCEDEPLOYMENTS, NS, "x", {"status": {"phase": "Tuning"}},
         subresource="status",
     )  # fmt: skip
     assert any(r.subresource == "status" and r.method == "PATCH" for r in api)
@@ -73,36 +81,36 @@ async def test_status_patch_goes_to_the_subresource(api: FakeApiServer) -> None:
 
 async def test_pod_log_tail(api: FakeApiServer) -> None:
     api[f"get /api/v1/namespaces/{NS}/pods/p1/log"] << b"one\ntwo\nthree\n"
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     text = await asyncio.to_thread(kube.pod_log_tail, NS, "p1", "tuner", 2)
     assert "three" in text
 
 
 def test_unreachable_server_is_a_kube_error() -> None:
-    kube = k8s.Kube.for_url("http://127.0.0.1:9")  # discard port: connection refused
+    kube = Kube.for_url("http://127.0.0.1:9")  # discard port: connection refused
     kube.timeout = (0.5, 0.5)
-    with pytest.raises(k8s.KubeError, match="get configmaps/x"):
-        kube.get(k8s.CONFIGMAPS, NS, "x")
+    with pytest.raises(KubeError, match="get configmaps/x"):
+        kube.get(CONFIGMAPS, NS, "x")
 
 
 def test_paths() -> None:
-    assert k8s.JOBS.path("ns", "j") == "/apis/batch/v1/namespaces/ns/jobs/j"
-    assert k8s.CONFIGMAPS.path("ns") == "/api/v1/namespaces/ns/configmaps"
+    assert JOBS.path("ns", "j") == "/apis/batch/v1/namespaces/ns/jobs/j"
+    assert CONFIGMAPS.path("ns") == "/api/v1/namespaces/ns/configmaps"
     assert (
-        k8s.INFERENCEDEPLOYMENTS.path("ns", "x", "status")
+        INFERENCEDEPLOYMENTS.path("ns", "x", "status")
         == "/apis/infertune.io/v1alpha1/namespaces/ns/inferencedeployments/x/status"
     )
-    assert k8s.resource_of({"kind": "Deployment"}) is k8s.DEPLOYMENTS
-    with pytest.raises(k8s.KubeError):
-        k8s.resource_of({"kind": "Secret"})
+    assert resource_of({"kind": "Deployment"}) is DEPLOYMENTS
+    with pytest.raises(KubeError):
+        resource_of({"kind": "Secret"})
 
 
 async def test_from_environment_reads_the_kubeconfig_and_its_namespace(
     api: FakeApiServer, kubeconfig: Path
 ) -> None:
-    kube = k8s.Kube.from_environment()
+    kube = Kube.from_environment()
     assert kube.default_namespace == NS
-    assert await asyncio.to_thread(kube.get, k8s.CONFIGMAPS, NS, "nothing") is None
+    assert await asyncio.to_thread(kube.get, CONFIGMAPS, NS, "nothing") is None
 
 
 def test_from_environment_without_any_config(
@@ -110,5 +118,5 @@ def test_from_environment_without_any_config(
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(k8s.KubeConfigError):
-        k8s.Kube.from_environment()
+    with pytest.raises(KubeConfigError):
+        Kube.from_environment()

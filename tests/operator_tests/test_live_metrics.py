@@ -1,5 +1,5 @@
 """The live workload from a serving pod's metrics: the simulated server's endpoint read as the
-operator reads a pod (metrics_text, workload_window), the drift thresholds, the noise margin,
+operator reads a pod (metrics_text, window), the drift thresholds, the noise margin,
 and a retune's verdict on a real report of the simulated pool."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import aiohttp.web
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infertune_operator import drift, metrics_text, noise, prometheus_source, reconcile, retune
 from infertune_operator.api.to_request import to_request
-from infertune_operator.workload_window import Summary, Window
+from infertune_operator.observe import metrics_text, prometheus
+from infertune_operator.observe.window import Summary, Window
+from infertune_operator.policy import drift, noise, retune
+from infertune_operator.policy.tuning import validate
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.harness import simserver as sim
 from infertune_tuner.harness.load_spec import LoadSpec
@@ -88,7 +90,7 @@ def _summary(inp: float, out: float, concurrency: float, requests: float = 100) 
 
 
 def test_drift_thresholds() -> None:
-    obj, problems = reconcile.validate(manifest("d"))
+    obj, problems = validate(manifest("d"))
     assert obj is not None, problems
     tuned = drift.Tuned(512, 128, 16)
     inside = drift.assess(_summary(512 * 1.4, 128 / 1.4, 16), tuned, obj)
@@ -134,7 +136,7 @@ def test_a_retune_rolls_out_only_a_measured_improvement(tmp_path: Path) -> None:
     keeps the current one."""
     spec = manifest("r", workload={"inputTokens": 770, "outputTokens": 32},
                     slo={"e2eLatencyMs": {"p95": 3000}})  # fmt: skip
-    obj, problems = reconcile.validate(spec)
+    obj, problems = validate(spec)
     assert obj is not None, problems
     request = to_request(obj)
     report = tune(request, backend="simulated", out_dir=tmp_path / "r")
@@ -217,14 +219,14 @@ async def test_a_prometheus_server_gives_the_deployments_pods_summed() -> None:
                         input_tokens=200, output_tokens=16)  # fmt: skip
         await run_load(spec)
         text = await _scrape(server.metrics_port)
-    prometheus = _Prometheus({
+    server_api = _Prometheus({
         ("team-a", "llm-6b7c9d8f5d-abcde"): text,  # two pods of the deployment
         ("team-a", "llm-6b7c9d8f5d-fghij"): text,
         ("team-a", "llm2-6b7c9d8f5d-abcde"): text,  # another deployment's pod
         ("team-b", "llm-6b7c9d8f5d-abcde"): text,  # another namespace
     })  # fmt: skip
     app = aiohttp.web.Application()
-    app.router.add_get("/api/v1/query", prometheus.query)
+    app.router.add_get("/api/v1/query", server_api.query)
     runner = aiohttp.web.AppRunner(app)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
@@ -232,7 +234,7 @@ async def test_a_prometheus_server_gives_the_deployments_pods_summed() -> None:
     port = runner.addresses[0][1]
     try:
         sample = await asyncio.to_thread(
-            prometheus_source.sample, f"http://127.0.0.1:{port}", "team-a", "llm", "llm", at=1.0
+            prometheus.sample, f"http://127.0.0.1:{port}", "team-a", "llm", "llm", at=1.0
         )
     finally:
         await runner.cleanup()
@@ -242,13 +244,13 @@ async def test_a_prometheus_server_gives_the_deployments_pods_summed() -> None:
     assert sample.input_tokens.count == 2 * one.input_tokens.count
     assert sample.input_tokens.mean() == one.input_tokens.mean() == 200
     assert sample.active == 0 and sample.first_response is not None
-    assert all('namespace="team-a"' in q and 'model="llm"' in q for q in prometheus.queries)
+    assert all('namespace="team-a"' in q and 'model="llm"' in q for q in server_api.queries)
 
 
 def test_the_operator_keeps_the_tuners_noise_and_warm_up() -> None:
     """The operator reads the tuner's noise prior and copies two of its numbers instead of
     importing the trial backend (which would load gRPC into it): they must stay equal."""
-    from infertune_operator import verification
+    from infertune_operator.policy import verification
     from infertune_tuner.backends import triton
     from infertune_tuner.harness import runner
     from infertune_tuner.search.settings import SearchSettings

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infertune_operator import reconcile
+from infertune_operator.policy.tuning import tuning_hash
 from infertune_tuner.result import Report
 
 from .apiserver import (
@@ -69,7 +69,7 @@ async def test_create_tunes_deploys_and_becomes_ready(
 ) -> None:
     body = await create(api, manifest("llm"))
     uid = body["metadata"]["uid"]
-    th = reconcile.tuning_hash(body["spec"], SETTINGS)
+    th = tuning_hash(body["spec"], SETTINGS)
 
     job = await _wait_job(api, "llm")
     assert job["metadata"]["name"] == f"llm-tune-{th}"

@@ -8,17 +8,37 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import (
-    conditions,
-    naming,
-    reconcile,
-    reconcile_serving,
-    report_store,
-    report_summary,
-    tuner_deadline,
-    tuner_job,
-    tuner_outcome,
+from infertune_operator import naming
+from infertune_operator.objects import tuner_deadline, tuner_job
+from infertune_operator.policy import conditions, tuner_outcome
+from infertune_operator.policy.serving import (
+    Availability,
+    deployment_availability,
+    serving,
+    tuned_fields,
 )
+from infertune_operator.policy.tuning import (
+    best_config,
+    config_from_status,
+    invalid_spec,
+    is_brand_new,
+    no_feasible_config,
+    tuning_hash,
+    tuning_job_failed,
+    tuning_pending,
+    tuning_started,
+    validate,
+)
+from infertune_operator.reports.store import (
+    REPORT_BUDGET,
+    configmap_hash,
+    is_complete,
+    parse_report,
+    report_configmap,
+    stored_bytes,
+    trials_total,
+)
+from infertune_operator.reports.summary import REASON_CHARS, size, summarize
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
@@ -38,7 +58,7 @@ def _body(name: str = "llm", **spec: Any) -> dict[str, Any]:
 
 
 def _obj(body: dict[str, Any]) -> Any:
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert obj is not None, problems
     return obj
 
@@ -60,10 +80,10 @@ def test_hash_is_stable_short_and_ignores_key_order() -> None:
     spec = _body()["spec"]
     reordered = json.loads(json.dumps(spec, sort_keys=True))
     reordered = dict(reversed(list(reordered.items())))
-    h = reconcile.tuning_hash(spec, SETTINGS)
+    h = tuning_hash(spec, SETTINGS)
     assert len(h) == 8 and all(c in "0123456789abcdef" for c in h)
-    assert reconcile.tuning_hash(reordered, SETTINGS) == h
-    assert reconcile.tuning_hash(copy.deepcopy(spec), SETTINGS) == h
+    assert tuning_hash(reordered, SETTINGS) == h
+    assert tuning_hash(copy.deepcopy(spec), SETTINGS) == h
 
 
 @pytest.mark.parametrize(
@@ -81,26 +101,26 @@ def test_hash_is_stable_short_and_ignores_key_order() -> None:
 def test_tuning_relevant_sections_change_the_hash(section: str, change: dict[str, Any]) -> None:
     spec = _body()["spec"]
     changed = {**spec, section: change}
-    assert reconcile.tuning_hash(changed, SETTINGS) != reconcile.tuning_hash(spec, SETTINGS)
+    assert tuning_hash(changed, SETTINGS) != tuning_hash(spec, SETTINGS)
 
 
 def test_serving_changes_do_not_change_the_hash() -> None:
     spec = _body()["spec"]
     served = {**spec, "serving": {"replicas": 5, "image": "my/triton:1", "resources": {}}}
-    assert reconcile.tuning_hash(served, SETTINGS) == reconcile.tuning_hash(spec, SETTINGS)
+    assert tuning_hash(served, SETTINGS) == tuning_hash(spec, SETTINGS)
 
 
 def test_operator_defaults_count_only_when_the_spec_leaves_them_unset() -> None:
     spec = _body()["spec"]
     unset = {**spec, "tuning": {}}
     other_default = Settings(default_backend="simulated", default_max_trials=40)
-    assert reconcile.tuning_hash(unset, SETTINGS) != reconcile.tuning_hash(unset, other_default)
+    assert tuning_hash(unset, SETTINGS) != tuning_hash(unset, other_default)
     # spec.tuning sets backend and maxTrials: the defaults do not matter (storage still does)
-    assert reconcile.tuning_hash(spec, SETTINGS) == reconcile.tuning_hash(
+    assert tuning_hash(spec, SETTINGS) == tuning_hash(
         spec, Settings(default_backend="simulated", default_max_trials=3)
     )
     with_storage = Settings(tuner_storage="postgresql://db/optuna")
-    assert reconcile.tuning_hash(spec, SETTINGS) != reconcile.tuning_hash(spec, with_storage)
+    assert tuning_hash(spec, SETTINGS) != tuning_hash(spec, with_storage)
 
 
 # ------------------------------------------------------------------ names
@@ -110,7 +130,7 @@ def test_derived_names_fit_kubernetes_limits_for_the_longest_valid_name() -> Non
     name = "a" * 48  # the models' cap
     body = _body(name)
     obj = _obj(body)
-    th = reconcile.tuning_hash(body["spec"], SETTINGS)
+    th = tuning_hash(body["spec"], SETTINGS)
     job = tuner_job.tuner_job(obj, body, th, SETTINGS)
     assert len(job["metadata"]["name"]) <= 63
     for value in job["metadata"]["labels"].values():
@@ -124,7 +144,7 @@ def test_derived_names_fit_kubernetes_limits_for_the_longest_valid_name() -> Non
 
 def test_validation_reports_every_schema_problem_with_its_path() -> None:
     body = _body(workload={"inputTokens": 0, "outputTokens": -1})
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert obj is None
     assert any(p.startswith("spec.workload.inputTokens") for p in problems)
     assert any(p.startswith("spec.workload.outputTokens") for p in problems)
@@ -136,7 +156,7 @@ def test_validation_checks_the_catalogs_and_ignores_server_metadata() -> None:
         {"managedFields": [{"manager": "kubectl"}], "finalizers": ["x"], "annotations": {}}
     )
     body["status"] = {"phase": "Weird", "kopf": {"progress": {}}}
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert obj is None
     assert problems and problems[0].startswith("spec.gpu.product")
 
@@ -183,7 +203,7 @@ def test_gpu_job_keeps_the_users_node_selector_and_tolerations() -> None:
 
 
 def test_gpu_job_runs_where_the_winner_will_serve() -> None:
-    from infertune_operator.render import render_serving
+    from infertune_operator.objects.serving import render_serving
 
     body = _gpu_body()
     body["spec"]["gpu"]["nodeSelector"] = {"pool": "inference"}
@@ -340,7 +360,7 @@ def test_pod_waiting_reason_explains_a_pending_tuner() -> None:
         "pod p2: ImagePullBackOff: Back-off pulling image tuner:1"
     )
     assert tuner_outcome.pod_waiting_reason([]) is None
-    t = reconcile.tuning_pending("j", "pod p1 cannot be scheduled: x", None)
+    t = tuning_pending("j", "pod p1 cannot be scheduled: x", None)
     assert t.phase == "Pending" and t.conditions["Tuned"].reason == "TuningPending"
     assert "cannot be scheduled" in t.message
 
@@ -372,24 +392,20 @@ def _tmp() -> Any:
 
 def test_report_configmap_round_trips_plain_and_gzipped() -> None:
     report = _report()
-    small = report_store.report_configmap(
-        name="llm", namespace=NS, report=report, th="abcd1234", owner_uid="u"
-    )
+    small = report_configmap(name="llm", namespace=NS, report=report, th="abcd1234", owner_uid="u")
     assert "report.json" in small["data"] and small["binaryData"] is None
-    assert report_store.configmap_hash(small) == "abcd1234"
-    assert report_store.parse_report(small) == report
-    assert report_store.is_complete(small)
+    assert configmap_hash(small) == "abcd1234"
+    assert parse_report(small) == report
+    assert is_complete(small)
     assert small["metadata"]["ownerReferences"][0]["uid"] == "u"
     assert "blockOwnerDeletion" not in small["metadata"]["ownerReferences"][0]
 
     # Over the budget as JSON, well under it gzipped: the complete report, gzipped.
     padded = report.model_copy(update={"request": {**report.request, "pad": "x" * 1_100_000}})
-    big = report_store.report_configmap(
-        name="llm", namespace=NS, report=padded, th="abcd1234", owner_uid=None
-    )
+    big = report_configmap(name="llm", namespace=NS, report=padded, th="abcd1234", owner_uid=None)
     assert big["data"] is None and "report.json.gz" in big["binaryData"]
-    assert report_store.stored_bytes(big) < 100_000
-    assert report_store.parse_report(big) == padded
+    assert stored_bytes(big) < 100_000
+    assert parse_report(big) == padded
 
 
 def test_a_report_gzip_cannot_shrink_enough_is_stored_as_its_bounded_summary() -> None:
@@ -406,15 +422,13 @@ def test_a_report_gzip_cannot_shrink_enough_is_stored_as_its_bounded_summary() -
 
     loud = [t.model_copy(update={"reason": noise()}) for t in report.trials]
     huge = report.model_copy(update={"trials": loud})
-    cm = report_store.report_configmap(
-        name="llm", namespace=NS, report=huge, th="abcd1234", owner_uid=None
-    )
-    assert cm["binaryData"] is None and report_store.stored_bytes(cm) <= report_store.REPORT_BUDGET
-    summary = report_store.parse_report(cm)
-    assert not report_store.is_complete(cm)
-    assert report_store.trials_total(cm, summary) == len(report.trials)
+    cm = report_configmap(name="llm", namespace=NS, report=huge, th="abcd1234", owner_uid=None)
+    assert cm["binaryData"] is None and stored_bytes(cm) <= REPORT_BUDGET
+    summary = parse_report(cm)
+    assert not is_complete(cm)
+    assert trials_total(cm, summary) == len(report.trials)
     assert [t.number for t in summary.trials] == [t.number for t in executed]  # executed only
-    assert all(len(t.reason or "") <= report_summary.REASON_CHARS for t in summary.trials)
+    assert all(len(t.reason or "") <= REASON_CHARS for t in summary.trials)
     assert all(t.predicted is None for t in summary.trials)
     assert summary.best == report.best  # what the operator serves is untouched
 
@@ -424,24 +438,22 @@ def test_the_summary_drops_trials_to_fit_keeping_the_best() -> None:
     assert report.best is not None
     executed = [t for t in report.trials if t.executed]
     assert len(executed) >= 3
-    bare = report_summary.size(
-        report_summary.summarize(report.model_copy(update={"trials": []}), 10**7)
-    )
+    bare = size(summarize(report.model_copy(update={"trials": []}), 10**7))
     tight = bare + 800  # room for a trial or two, not all of them
-    text = report_summary.summarize(report, tight)
-    assert report_summary.size(text) <= tight
+    text = summarize(report, tight)
+    assert size(text) <= tight
     kept = Report.model_validate_json(text)
     assert report.best.trial in {t.number for t in kept.trials}
     assert len(kept.trials) < len(executed)
     with pytest.raises(ValueError, match="even without its trials"):
-        report_summary.summarize(report, 100)
+        summarize(report, 100)
 
 
 def test_parse_report_rejects_what_is_not_a_report() -> None:
     with pytest.raises(ValueError, match="neither"):
-        report_store.parse_report({"metadata": {"name": "x"}, "data": {}})
+        parse_report({"metadata": {"name": "x"}, "data": {}})
     with pytest.raises(ValueError, match="not a valid infertune report"):
-        report_store.parse_report({"data": {"report.json": '{"schema": "nope"}'}})
+        parse_report({"data": {"report.json": '{"schema": "nope"}'}})
 
 
 # ------------------------------------------------------------------ status and conditions
@@ -462,7 +474,7 @@ def test_conditions_keep_their_transition_time_while_the_status_holds() -> None:
 
 
 def test_status_patch_is_none_when_nothing_changed() -> None:
-    t = reconcile.invalid_spec(["spec.gpu.product: unknown"])
+    t = invalid_spec(["spec.gpu.product: unknown"])
     new = conditions.next_status(None, t, generation=1, now="t", tuning_hash=None)
     assert conditions.status_patch(None, new) == new
     assert conditions.status_patch(new, new) is None
@@ -473,13 +485,13 @@ def test_status_patch_is_none_when_nothing_changed() -> None:
 
 def test_transitions_emit_one_event_per_changed_condition() -> None:
     started = conditions.next_status(
-        None, reconcile.tuning_started("j", old_status=None),
+        None, tuning_started("j", old_status=None),
         generation=1, now="t", tuning_hash="h",
     )  # fmt: skip
     events = conditions.transition_events(None, started)
     assert [(e.type, e.reason) for e in events] == [("Normal", "TuningStarted")]
     failed = conditions.next_status(
-        started, reconcile.tuning_job_failed("boom"), generation=1, now="t", tuning_hash="h"
+        started, tuning_job_failed("boom"), generation=1, now="t", tuning_hash="h"
     )
     assert [(e.type, e.reason) for e in conditions.transition_events(started, failed)] == [
         ("Warning", "TuningJobFailed")
@@ -489,7 +501,7 @@ def test_transitions_emit_one_event_per_changed_condition() -> None:
 
 def test_tuned_status_fields_match_the_crd() -> None:
     report = _report()
-    fields = reconcile_serving.tuned_fields(report, "llm-tuning-report")
+    fields = tuned_fields(report, "llm-tuning-report")
     assert set(fields["bestConfig"]) == {"tp", "maxBatchSize", "quantization", "kvCacheDtype"}
     assert set(fields["bestMetrics"]) == {
         "ttftP50Ms", "ttftP95Ms", "ttftP99Ms", "itlP50Ms", "itlP95Ms", "itlP99Ms",
@@ -503,9 +515,9 @@ def test_tuned_status_fields_match_the_crd() -> None:
     assert set(fields["bestConfig"]) <= set(crd["bestConfig"]["properties"])
     status = conditions.next_status(
         None,
-        reconcile_serving.serving(
-            name="llm", namespace=NS, config=reconcile.best_config(report),
-            availability=reconcile_serving.Availability(1, 1, True),
+        serving(
+            name="llm", namespace=NS, config=best_config(report),
+            availability=Availability(1, 1, True),
             tuned=(report, "llm-tuning-report"),
         ),
         generation=3, now="t", tuning_hash="h",
@@ -532,11 +544,16 @@ def _crd_status_properties() -> dict[str, Any]:
 def test_no_feasible_message_names_misses_and_what_to_relax() -> None:
     report = _report(feasible=False)
     assert report.best is None
-    t = reconcile.no_feasible_config(report, "llm-tuning-report")
+    t = no_feasible_config(report, "llm-tuning-report")
     assert t.phase == "Failed"
     assert t.conditions["Tuned"].reason == "NoFeasibleConfig"
     assert "nearest misses" in t.message and report.nearest_misses[0].config.label() in t.message
     assert "raise spec.slo.e2eLatencyMs" in t.message
+    assert "raise spec.slo.ttftMs" not in t.message  # only what was missed
+    # A report of an earlier version recorded no typed misses: their trials name the bounds.
+    misses = [m.model_copy(update={"missed": []}) for m in report.nearest_misses]
+    legacy = report.model_copy(update={"nearest_misses": misses})
+    assert "raise spec.slo.e2eLatencyMs" in no_feasible_config(legacy, "llm-tuning-report").message
 
 
 @pytest.mark.parametrize(
@@ -553,7 +570,7 @@ def test_no_feasible_message_names_misses_and_what_to_relax() -> None:
     ],
 )  # fmt: skip
 def test_readiness(deployment: dict[str, Any] | None, wanted: int, ready: bool) -> None:
-    assert reconcile_serving.deployment_availability(deployment, wanted).ready is ready
+    assert deployment_availability(deployment, wanted).ready is ready
 
 
 def test_config_from_status_only_for_the_same_hash_and_tuned() -> None:
@@ -562,10 +579,10 @@ def test_config_from_status_only_for_the_same_hash_and_tuned() -> None:
         "bestConfig": {"tp": 2, "maxBatchSize": 8, "quantization": "fp8", "kvCacheDtype": "auto"},
         "conditions": [{"type": "Tuned", "status": "True", "reason": "TuningSucceeded"}],
     }
-    assert reconcile.config_from_status(status, "h1") == TrialConfig(2, 8, "fp8", "auto")
-    assert reconcile.config_from_status(status, "h2") is None
+    assert config_from_status(status, "h1") == TrialConfig(2, 8, "fp8", "auto")
+    assert config_from_status(status, "h2") is None
     retuning = {**status, "conditions": [{"type": "Tuned", "status": "False"}]}
-    assert reconcile.config_from_status(retuning, "h1") is None
+    assert config_from_status(retuning, "h1") is None
 
 
 def test_owned_objects_carry_owner_labels_and_a_render_hash() -> None:
@@ -586,11 +603,11 @@ def test_owned_objects_carry_owner_labels_and_a_render_hash() -> None:
 
 def test_brand_new_means_no_status_and_not_being_deleted() -> None:
     body = _body()
-    assert reconcile.is_brand_new(body)
-    assert not reconcile.is_brand_new({**body, "status": {"phase": "Pending"}})
+    assert is_brand_new(body)
+    assert not is_brand_new({**body, "status": {"phase": "Pending"}})
     deleting = copy.deepcopy(body)
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert not reconcile.is_brand_new(deleting)
+    assert not is_brand_new(deleting)
     no_uid = copy.deepcopy(body)
     del no_uid["metadata"]["uid"]
-    assert not reconcile.is_brand_new(no_uid)  # owner references need it
+    assert not is_brand_new(no_uid)  # owner references need it

@@ -12,8 +12,15 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from infertune_operator import reconcile, report_owner, report_store, tuner_job
-from infertune_operator.report_owner import WriteAction
+from infertune_operator.objects import tuner_job
+from infertune_operator.policy.tuning import tuning_hash, validate
+from infertune_operator.reports.owner import (
+    WriteAction,
+    foreign_reason,
+    plan_write,
+    request_difference,
+)
+from infertune_operator.reports.store import configmap_hash, parse_report
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
 
@@ -46,7 +53,7 @@ TIGHTER = {"e2eLatencyMs": {"p95": 15000}}
 def _report_of(api: FakeApiServer, name: str) -> Report:
     cm = get(api, "configmaps", f"{name}-tuning-report")
     assert cm is not None
-    return report_store.parse_report(cm)
+    return parse_report(cm)
 
 
 def _slo_p95(report: Report) -> float:
@@ -68,13 +75,13 @@ async def _first_then_changed(
 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """Create, wait for Job A, keep what its pod mounted; change the SLO; wait for Job B."""
     body = await create(api, manifest(name))
-    th_a = reconcile.tuning_hash(body["spec"], SETTINGS)
+    th_a = tuning_hash(body["spec"], SETTINGS)
     job_a = await _job_with_hash(api, name, th_a)
     request_cm = get(api, "configmaps", f"{name}-tune-{th_a}-request")
     assert request_cm is not None
     mounted = str(request_cm["data"]["request.json"])
     changed = await patch(api, "inferencedeployments", name, {"spec": {"slo": TIGHTER}})
-    th_b = reconcile.tuning_hash(changed["spec"], SETTINGS)
+    th_b = tuning_hash(changed["spec"], SETTINGS)
     job_b = await _job_with_hash(api, name, th_b)
     # The superseded Job goes (its pod may not, yet).
     await wait_for(lambda: len(jobs_of(api, name)) == 1, what="Job A deleted")
@@ -99,7 +106,7 @@ async def test_a_stale_tuner_loses_while_the_operator_runs(
     after = get(api, "configmaps", "live-tuning-report")
     assert after is not None
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    assert report_store.configmap_hash(after) == th_b
+    assert configmap_hash(after) == th_b
     assert _slo_p95(_report_of(api, "live")) == 15000  # `infertune report` shows the new one
     await make_available(api, "live", 1)
     await wait_for(lambda: phase(api, "live") == "Ready", what="phase Ready")
@@ -126,7 +133,7 @@ async def test_a_stale_tuner_loses_while_the_operator_is_down(
     await finish_job(api, job_b["metadata"]["name"])
     out = await run_tuner(api, job_a, tmp_path, request=mounted_a)
     assert "report not written" in out
-    assert report_store.configmap_hash(get(api, "configmaps", "down-tuning-report")) == th_b
+    assert configmap_hash(get(api, "configmaps", "down-tuning-report")) == th_b
 
     runner = await start_operator(api)
     try:
@@ -147,7 +154,7 @@ async def test_a_report_labelled_for_this_tuning_that_answers_another_request_is
     await seed_report(api, old, tmp_path)  # the old spec's result ...
     new = copy.deepcopy(old)
     new["spec"]["slo"] = TIGHTER
-    th = reconcile.tuning_hash(new["spec"], SETTINGS)
+    th = tuning_hash(new["spec"], SETTINGS)
     cm = get(api, "configmaps", "forged-tuning-report")
     assert cm is not None
     relabel = {"metadata": {"annotations": {"infertune.io/tuning-hash": th},
@@ -166,7 +173,7 @@ async def test_an_object_created_again_under_the_same_name_starts_its_own_tuning
 ) -> None:
     first = await create(api, manifest("again"))
     uid1 = first["metadata"]["uid"]
-    th = reconcile.tuning_hash(first["spec"], SETTINGS)
+    th = tuning_hash(first["spec"], SETTINGS)
     job1 = await _job_with_hash(api, "again", th)
     await run_tuner(api, job1, tmp_path)
     await wait_for(lambda: phase(api, "again") == "Deploying", what="phase Deploying")
@@ -210,7 +217,7 @@ async def test_an_object_created_again_under_the_same_name_starts_its_own_tuning
 
 
 def _request(body: dict[str, Any]) -> TuningRequest:
-    obj, problems = reconcile.validate(body)
+    obj, problems = validate(body)
     assert obj is not None, problems
     return tuner_job.tuning_request(obj, SETTINGS)
 
@@ -221,33 +228,33 @@ def test_a_tuner_writes_only_while_its_object_asks_for_its_request() -> None:
     mine = _request(body)
     existing = {"metadata": {"resourceVersion": "42"}}
 
-    plan = report_owner.plan_write(owner=body, owner_known=True, uid="u1", mine=mine,
+    plan = plan_write(owner=body, owner_known=True, uid="u1", mine=mine,
                                    existing=None)  # fmt: skip
     assert plan.action is WriteAction.CREATE
-    plan = report_owner.plan_write(owner=body, owner_known=True, uid="u1", mine=mine,
+    plan = plan_write(owner=body, owner_known=True, uid="u1", mine=mine,
                                    existing=existing)  # fmt: skip
     assert plan.action is WriteAction.REPLACE and plan.resource_version == "42"
 
     changed = copy.deepcopy(body)
     changed["spec"]["search"]["maxBatchSize"] = [4, 8]
-    plan = report_owner.plan_write(owner=changed, owner_known=True, uid="u1", mine=mine,
+    plan = plan_write(owner=changed, owner_known=True, uid="u1", mine=mine,
                                    existing=existing)  # fmt: skip
     assert plan.action is WriteAction.SKIP and "search.max_batch_size" in plan.reason
     # Where the request ran differs (storage, workers): still the same question answered.
     wider = mine.model_copy(update={"tuning": mine.tuning.model_copy(update={"parallelism": 1,
                                                                              "storage": "x"})})  # fmt: skip
-    assert report_owner.request_difference(wider.dump(), mine) is None
+    assert request_difference(wider.dump(), mine) is None
 
     reborn = copy.deepcopy(body)
     reborn["metadata"]["uid"] = "u2"
-    plan = report_owner.plan_write(owner=reborn, owner_known=True, uid="u1", mine=mine,
+    plan = plan_write(owner=reborn, owner_known=True, uid="u1", mine=mine,
                                    existing=existing)  # fmt: skip
     assert plan.action is WriteAction.SKIP and "created again" in plan.reason
-    plan = report_owner.plan_write(owner=None, owner_known=True, uid="u1", mine=mine,
+    plan = plan_write(owner=None, owner_known=True, uid="u1", mine=mine,
                                    existing=existing)  # fmt: skip
     assert plan.action is WriteAction.SKIP and "no longer exists" in plan.reason
     # A tuner that may not read its object (an older role) writes as before.
-    plan = report_owner.plan_write(owner=None, owner_known=False, uid="u1", mine=mine,
+    plan = plan_write(owner=None, owner_known=False, uid="u1", mine=mine,
                                    existing=existing)  # fmt: skip
     assert plan.action is WriteAction.REPLACE
 
@@ -256,12 +263,12 @@ def test_a_report_is_foreign_when_its_hash_or_owner_differ() -> None:
     cm = {"metadata": {"annotations": {"infertune.io/tuning-hash": "h1"},
                        "ownerReferences": [{"apiVersion": "infertune.io/v1alpha1",
                                             "kind": "InferenceDeployment", "uid": "u1"}]}}  # fmt: skip
-    assert report_owner.foreign_reason(cm, uid="u1", th="h1") is None
-    assert "tuning h1" in str(report_owner.foreign_reason(cm, uid="u1", th="h2"))
-    assert "earlier InferenceDeployment" in str(report_owner.foreign_reason(cm, uid="u2", th="h1"))
+    assert foreign_reason(cm, uid="u1", th="h1") is None
+    assert "tuning h1" in str(foreign_reason(cm, uid="u1", th="h2"))
+    assert "earlier InferenceDeployment" in str(foreign_reason(cm, uid="u2", th="h1"))
     seeded = {"metadata": {"annotations": {"infertune.io/tuning-hash": "h1"}}}
-    assert report_owner.foreign_reason(seeded, uid="u2", th="h1") is None  # nobody's: accepted
-    assert report_owner.foreign_reason(None, uid="u1", th="h1") == "there is no report"
+    assert foreign_reason(seeded, uid="u2", th="h1") is None  # nobody's: accepted
+    assert foreign_reason(None, uid="u1", th="h1") == "there is no report"
 
 
 async def test_a_replace_with_a_stale_resource_version_is_a_conflict(
@@ -271,14 +278,15 @@ async def test_a_replace_with_a_stale_resource_version_is_a_conflict(
 
     import pytest
 
-    from infertune_operator import k8s
+    from infertune_operator.kube.client import Kube
+    from infertune_operator.kube.errors import Conflict
 
     from .apiserver import api_url
 
     cm = {"apiVersion": "v1", "kind": "ConfigMap",
           "metadata": {"name": "race", "namespace": NS}, "data": {"a": "1"}}  # fmt: skip
     created = await post(api, "configmaps", cm)
-    kube = k8s.Kube.for_url(api_url(api))
+    kube = Kube.for_url(api_url(api))
     first = copy.deepcopy(created)
     first["data"] = {"a": "2"}
     written = await asyncio.to_thread(kube.replace, first)
@@ -286,13 +294,13 @@ async def test_a_replace_with_a_stale_resource_version_is_a_conflict(
     assert written["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
     late = copy.deepcopy(created)  # read before the write above
     late["data"] = {"a": "3"}
-    with pytest.raises(k8s.Conflict, match="the object has been modified"):
+    with pytest.raises(Conflict, match="the object has been modified"):
         await asyncio.to_thread(kube.replace, late)
     assert (get(api, "configmaps", "race") or {})["data"] == {"a": "2"}
 
 
 def test_an_object_created_again_is_claimed_even_when_its_deletion_event_was_merged_away() -> None:
-    from infertune_operator.context import Context
+    from infertune_operator.engine.context import Context
 
     from .apiserver import SETTINGS as settings
 

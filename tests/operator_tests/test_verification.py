@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from infertune_operator import noise
+from infertune_operator.policy import noise
 from infertune_tuner.metrics import OBJECTIVE
 
 from .apiserver import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from infertune_operator.api.crd import crd
-from infertune_operator.api.models import BestMetrics, SloSpec
+from infertune_operator.api.types import BestMetrics, SloSpec
 from infertune_tuner.backends.replay import COLUMNS
 from infertune_tuner.harness.stats import BenchResult
 from infertune_tuner.measurement import Measurement

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import retune, verification
-from infertune_operator.api.models import BestMetrics, InferenceDeployment
+from infertune_operator.api.types import BestMetrics, InferenceDeployment
+from infertune_operator.policy import retune, verification
 from infertune_tuner.config import TrialConfig
 
 from .test_tuner_job_pod import SETTINGS, TH, body
@@ -39,6 +39,9 @@ def test_the_verification_job_and_its_result(strictly_valid: Any, backend: str) 
     assert "nvidia.com/gpu" not in json.dumps(pod)  # the load generator needs no GPU
     image = pod["containers"][0]["image"]
     assert image == (SETTINGS.tuner_image if backend == "triton" else SETTINGS.operator_image)
+    argv = pod["containers"][0]["command"]  # the per-GPU divisor travels as a number
+    assert argv[argv.index("--tp") + 1] == "4"
+    assert argv[argv.index("--config") + 1] == "tp4/bs64/fp8/kv-auto"  # a label, never parsed
     assert verification.read_result(cm, vhash, "0000-uid") == result
     assert verification.read_result(cm, vhash, "another-uid") is None  # an earlier object's
     assert verification.read_result(cm, "0000000", "0000-uid") is None  # another rollout's

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from infertune_operator.api.models import GpuSpec, SearchSpec, TuningSpec
+from infertune_operator.api.types import GpuSpec, SearchSpec, TuningSpec
 from infertune_operator.cli import app
-from infertune_operator.render import render_serving
+from infertune_operator.objects.serving import render_serving
 from infertune_operator.settings import Settings
 from infertune_tuner import defaults
 from infertune_tuner.config import TrialConfig

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import tuner_job, tuner_outcome, tuner_workers
-from infertune_operator.api.models import InferenceDeployment
+from infertune_operator.api.types import InferenceDeployment
+from infertune_operator.objects import tuner_job, tuner_workers
+from infertune_operator.policy import tuner_outcome
 from infertune_operator.settings import Settings
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import TuningRequest

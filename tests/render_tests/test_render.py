@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infertune_operator.api.models import InferenceDeployment
-from infertune_operator.render import render_serving
+from infertune_operator.api.types import InferenceDeployment
+from infertune_operator.objects.serving import render_serving
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError

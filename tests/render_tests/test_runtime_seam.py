@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
-from infertune_operator.render import render_serving
+from infertune_operator.api.types import InferenceDeployment
+from infertune_operator.objects.serving import render_serving
 from infertune_operator.settings import Settings
 from infertune_tuner.backends.triton import TritonBackend
 from infertune_tuner.config import TrialConfig

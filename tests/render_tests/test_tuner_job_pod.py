@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from infertune_operator import tuner_job
-from infertune_operator.api.models import InferenceDeployment
-from infertune_operator.render import render_serving
+from infertune_operator.api.types import InferenceDeployment
+from infertune_operator.objects import tuner_job
+from infertune_operator.objects.serving import render_serving
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest

@@ -134,7 +134,7 @@ def fetching(
 
     def make(repo: str) -> tuple[TritonBackend, list[str]]:
         runtime = FetchingSimulatedRuntime(
-            program=(sys.executable, "-m", "infertune_tuner.harness.simserver"), time_scale=0.05,
+            program=(sys.executable, "-m", "infertune_tuner.cli.simserver"), time_scale=0.05,
             folder=str(tmp_path / "weights"), repo=repo,
         )  # fmt: skip
         phases: list[str] = []

@@ -60,7 +60,7 @@ def test_quantizations_without_checkpoints_leave_the_triton_space_with_their_rea
 
 
 def test_a_triton_search_without_checkpoints_spends_no_trial_on_them(tmp_path: Path) -> None:
-    runtime = SimulatedRuntime(program=(sys.executable, "-m", "infertune_tuner.harness.simserver"),
+    runtime = SimulatedRuntime(program=(sys.executable, "-m", "infertune_tuner.cli.simserver"),
                                time_scale=0.02)  # fmt: skip
     req = request()
     backend = TritonBackend(req, runtime=runtime, workdir=tmp_path / "w", requests_per_trial=8,

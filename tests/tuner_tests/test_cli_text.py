@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from infertune_operator.cli import app
-from infertune_operator.cli_catalog import column_widths
 from infertune_tuner.catalog.gpus import GPUS
 from infertune_tuner.catalog.llms import MODELS
+from infertune_tuner.cli.catalog import column_widths
 
 WIDTHS = ["40", "60", "80", "200"]
 
@@ -67,10 +67,28 @@ def test_help_never_cuts_a_word(columns: str) -> None:
                   "[default: simulated]", "infertune-out/NAME"):  # fmt: skip
         assert whole in flat.replace("infertune- out", "infertune-out"), whole
     listing = _run(["--help"], columns)
-    assert "..." not in listing.split("Commands:")[1]  # every command's sentence whole
+    assert "..." not in listing.split("Tuning commands:")[1]  # every command's sentence whole
     assert "Print the InferenceDeployment CustomResourceDefinition (generated from" in " ".join(
         listing.split()
     )
+
+
+def test_help_lists_the_tuning_and_the_cluster_commands_apart() -> None:
+    listing = _run(["--help"], "80")
+    tuning, cluster = listing.split("Tuning commands:")[1].split("Cluster commands:")
+
+    def rows(section: str) -> list[str]:  # a command's line; its wrapped help is indented more
+        return [line for line in section.splitlines() if line.startswith("  ") and line[2] != " "]
+
+    def names(section: str) -> list[str]:
+        return [row.split()[0] for row in rows(section)]
+
+    assert names(tuning) == ["tune", "export-replay", "predict", "gpus", "models", "bench",
+                             "simserver"]  # fmt: skip
+    assert names(cluster) == ["crd", "validate", "render", "operator", "tune-job", "verify-job",
+                              "report"]  # fmt: skip
+    starts = {row.index(row.split(maxsplit=1)[1]) for row in rows(tuning) + rows(cluster)}
+    assert len(starts) == 1  # the help of both sections starts in one column
 
 
 def test_report_help_names_its_default_folder() -> None:

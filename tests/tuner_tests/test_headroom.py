@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infertune_operator.cli import app
-from infertune_operator.reconcile_serving import tuned_message
+from infertune_operator.policy.serving import tuned_message
 from infertune_tuner import slo
 from infertune_tuner.report import render_html, render_markdown
 from infertune_tuner.result import FloorCheck, Report, SloCheck

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from infertune_operator import __version__
 from infertune_operator.cli import app
-from infertune_operator.cli_progress import TuneProgress
 from infertune_tuner.backends import BACKEND_HELP
+from infertune_tuner.cli.progress import TuneProgress
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.run import StudyStart

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from infertune_operator.api.models import API_VERSION, GROUP, KIND
+from infertune_operator.api.types import API_VERSION, GROUP, KIND
 from infertune_tuner.runtime import Ports
 
 Body = dict[str, Any]  # a Kubernetes object as `kubectl get -o json` shows it

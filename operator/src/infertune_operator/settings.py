@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from infertune_operator import __version__
-from infertune_operator.api.models import Backend, InferenceDeployment
+from infertune_operator.api.types import Backend, InferenceDeployment
 from infertune_tuner import defaults
 
 DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"

@@ -18,6 +18,7 @@ from infertune_tuner.metrics import Percentile, latency_metric
 from infertune_tuner.schema import Record
 
 Sampler = Literal["auto", "tpe", "random", "grid"]
+SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
 # How sure `auto` must be before it stops (defaults.CONFIDENCE says why the range).
 Confidence = Annotated[
     float, Field(ge=defaults.CONFIDENCE_RANGE[0], le=defaults.CONFIDENCE_RANGE[1])
@@ -87,7 +88,7 @@ class SearchValues(Record):
 
 class TuningOptions(Record):
     max_trials: Annotated[int, Field(ge=1)] = defaults.MAX_TRIALS
-    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = None  # numpy seeds are 32-bit
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     sampler: Sampler = defaults.SAMPLER
     backend: str = defaults.LOCAL_BACKEND
     parallelism: Annotated[int, Field(ge=1)] = defaults.PARALLELISM

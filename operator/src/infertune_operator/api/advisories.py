@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
+from infertune_operator.api.types import InferenceDeployment
 from infertune_tuner import defaults
 from infertune_tuner.catalog.llms import is_gated
 from infertune_tuner.request import TuningRequest

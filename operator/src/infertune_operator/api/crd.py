@@ -12,7 +12,18 @@ from typing import Any
 
 import yaml
 
-from infertune_operator.api import formats, models
+from infertune_operator.api import formats
+from infertune_operator.api.types import (
+    GROUP,
+    KIND,
+    ONE_LATENCY_BOUND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    InferenceDeploymentSpec,
+    InferenceDeploymentStatus,
+)
 from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 
 JsonSchema = dict[str, Any]
@@ -27,7 +38,7 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
     "slo": [
         {
             "rule": " || ".join(f"has(self.{m.wire})" for m in LATENCY_METRICS),
-            "message": models.ONE_LATENCY_BOUND,
+            "message": ONE_LATENCY_BOUND,
         }
     ],
     **{f"slo.{m.wire}": [dict(_ONE_PERCENTILE)] for m in LATENCY_METRICS},
@@ -181,8 +192,8 @@ def _attach_rules(spec_schema: JsonSchema) -> None:
 
 def openapi_schema() -> JsonSchema:
     """The structural schema of the whole object (apiVersion, kind, metadata, spec, status)."""
-    spec_raw = models.InferenceDeploymentSpec.model_json_schema(by_alias=True)
-    status_raw = models.InferenceDeploymentStatus.model_json_schema(by_alias=True)
+    spec_raw = InferenceDeploymentSpec.model_json_schema(by_alias=True)
+    status_raw = InferenceDeploymentStatus.model_json_schema(by_alias=True)
     spec = _resolve(spec_raw, spec_raw.get("$defs", {}))
     status = _resolve(status_raw, status_raw.get("$defs", {}))
     spec.pop("description", None)
@@ -211,22 +222,22 @@ def crd() -> JsonSchema:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{models.PLURAL}.{models.GROUP}",
+            "name": f"{PLURAL}.{GROUP}",
             "labels": {"app.kubernetes.io/part-of": "infertune"},
         },
         "spec": {
-            "group": models.GROUP,
+            "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": models.KIND,
-                "plural": models.PLURAL,
-                "singular": models.SINGULAR,
-                "shortNames": list(models.SHORT_NAMES),
+                "kind": KIND,
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
                 "categories": ["infertune"],
             },
             "versions": [
                 {
-                    "name": models.VERSION,
+                    "name": VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},

@@ -8,8 +8,8 @@ in GPU memory; a storage URL that is no database URL or whose driver is not inst
 from __future__ import annotations
 
 from infertune_operator.api.manifest import Problem
-from infertune_operator.api.models import InferenceDeployment
 from infertune_operator.api.to_request import to_request
+from infertune_operator.api.types import InferenceDeployment
 from infertune_tuner.errors import InputError
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime.weights import unloadable

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from infertune_operator.api.models import API_VERSION, KIND, InferenceDeployment
+from infertune_operator.api.types import API_VERSION, KIND, InferenceDeployment
 from infertune_tuner.errors import InputError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infertune_operator.api.models import InferenceDeployment
+from infertune_operator.api.types import InferenceDeployment
 from infertune_tuner import defaults
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import (

@@ -10,7 +10,7 @@
 - `engine`: continuous-batching engine timed by the performance model (pure), and
   `modelled_steady_state`, the reference an ideal client would measure
 - `simserver`: a simulated Triton speaking KServe v2 gRPC (`sim_service`), driven by `engine`;
-  `simserver_cli` is its command (`infertune simserver`, `python -m ...harness.simserver`)
+  its command is the tuner's (`infertune simserver`, `python -m infertune_tuner.cli.simserver`)
 - `runner`: one real trial: start a server, wait for readiness, drive load, tear down, classify
 - `guard`: the process between the tuner and a trial server, so no server outlives the tuner
 

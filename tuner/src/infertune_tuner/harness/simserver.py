@@ -16,7 +16,7 @@ Kubernetes probes work as they do for Triton. When the memory model says the wei
 the server prints a CUDA-OOM-like message on stderr and exits 1 (as a real server would die).
 
 The gRPC service itself is `sim_service`. Run it with `infertune simserver ...` or
-`python -m infertune_tuner.harness.simserver ...` (the same command, see `simserver_cli`).
+`python -m infertune_tuner.cli.simserver ...` (the same command, `infertune_tuner.cli.simserver`).
 """
 
 from __future__ import annotations
@@ -307,9 +307,3 @@ def parse_architecture(text: str | None) -> dict[str, int] | None:
     if value.get("experts_active", 1) > value.get("experts", 1):
         raise InputError("--architecture: experts_active must not exceed experts")
     return dict(value)
-
-
-if __name__ == "__main__":  # `python -m infertune_tuner.harness.simserver`: `infertune simserver`
-    from infertune_tuner.harness.simserver_cli import main
-
-    main()

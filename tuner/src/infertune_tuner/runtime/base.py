@@ -1,7 +1,7 @@
 """The serving-runtime seam: what a server needs to serve one configuration.
 
 A runtime answers four questions, and both the tuner's real trials (`backends/triton.py`, one
-server process per trial) and the operator's serving Deployment (`infertune_operator.render`)
+server process per trial) and the operator's serving Deployment (`infertune_operator.objects.serving`)
 ask the same runtime, so a configuration is measured exactly as it is later served:
 
 - **model files**: the rendered files of the model repository (relative path -> text);

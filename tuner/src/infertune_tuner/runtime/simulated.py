@@ -26,7 +26,7 @@ class SimulatedRuntime(PlainServer):
     """`infertune simserver` for one configuration.
 
     `program` is how to start it (tests use ``[sys.executable, "-m",
-    "infertune_tuner.harness.simserver"]``), `time_scale` multiplies every modelled duration.
+    "infertune_tuner.cli.simserver"]``), `time_scale` multiplies every modelled duration.
     """
 
     name: str = "simulated"
