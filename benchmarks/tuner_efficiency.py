@@ -164,10 +164,7 @@ def headroom_outcomes(
     return [
         HeadroomOutcome(
             h.p_meets,
-            statistics.fmean(
-                any(c.bound == h.bound and c.ok for c in checks)
-                for checks in runs
-            ),
+            statistics.fmean(any(c.bound == h.bound and c.ok for c in checks) for checks in runs),
             h.settled,
         )
         for h in report.best.headroom

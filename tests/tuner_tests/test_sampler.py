@@ -26,7 +26,7 @@ from infertune_tuner.search.evidence import (
     read,
 )
 from infertune_tuner.search.sampler import AutoSampler, distributions
-from infertune_tuner.stop import StopKind, recorded
+from infertune_tuner.stop import StopKind, why_stopped
 
 from .helpers import Core, CountingBackend, request
 
@@ -96,7 +96,7 @@ def test_the_auto_sampler_drives_a_plain_optuna_study_to_its_own_stop() -> None:
         return m.output_tokens_per_s_per_gpu or 0.0
 
     study.optimize(objective, n_trials=40)
-    why = recorded(study)
+    why = why_stopped(study)
     # No driver told it anything: it read the measurements from the trials, and stopped the
     # study itself once its stop rule held, well inside the 40 trials Optuna would have run.
     assert why is not None and why.kind == StopKind.CONVERGED, why

@@ -67,11 +67,11 @@ INTERRUPTED = StopReason(
 
 def record(study: Study, reason: StopReason) -> None:
     """Stop the study for `reason` (the first reason given wins), for every worker to read."""
-    if recorded(study) is None:
+    if why_stopped(study) is None:
         study.set_user_attr(STOP_ATTR, reason.as_attr())
     study.stop()
 
 
-def recorded(study: Study) -> StopReason | None:
+def why_stopped(study: Study) -> StopReason | None:
     """Why the study stopped, as its workers recorded it (None: it has not)."""
     return StopReason.from_attr(study.user_attrs.get(STOP_ATTR))

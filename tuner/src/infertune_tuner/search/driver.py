@@ -62,7 +62,7 @@ from infertune_tuner.search.evidence import (
 from infertune_tuner.search.posterior import Prior
 from infertune_tuner.search.sampler import distributions
 from infertune_tuner.search.settings import SearchSettings
-from infertune_tuner.stop import STOP_ATTR, TIMEOUT, StopReason, recorded
+from infertune_tuner.stop import STOP_ATTR, TIMEOUT, StopReason, why_stopped
 from infertune_tuner.storage import ClaimLock, fail_stale
 
 log = logging.getLogger(__name__)
@@ -303,11 +303,11 @@ class Search:
             self._objective(pool), n_jobs=len(backends), catch=(TrialFailed,), timeout=timeout
         )
         # The sampler records why it stopped the study; otherwise optimize's timeout ended it.
-        return SearchOutcome(recorded(self.study) or TIMEOUT, self.study)
+        return SearchOutcome(why_stopped(self.study) or TIMEOUT, self.study)
 
     def _clear_stop(self) -> None:
         # A re-run after a stop decides afresh (a bigger budget, a fixed set-up); a worker
         # joining others at work leaves their answer alone.
         with self.lock():
-            if recorded(self.study) is not None and not self.others_running():
+            if why_stopped(self.study) is not None and not self.others_running():
                 self.study.set_user_attr(STOP_ATTR, None)

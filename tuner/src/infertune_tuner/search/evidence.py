@@ -209,7 +209,9 @@ def current_trials(
     return sorted(out, key=lambda e: e.number)
 
 
-def claimed(trials: Sequence[FrozenTrial], exclude: int | None = None) -> frozenset[TrialConfig]:
+def configs_in_flight(
+    trials: Sequence[FrozenTrial], exclude: int | None = None
+) -> frozenset[TrialConfig]:
     """Configurations in flight: claimed by a running trial (its decision, or the driver's
     record) or waiting to be re-run."""
     out = set()
@@ -223,7 +225,7 @@ def claimed(trials: Sequence[FrozenTrial], exclude: int | None = None) -> frozen
     return frozenset(out)
 
 
-def deciding(trials: Sequence[FrozenTrial], exclude: int | None = None) -> bool:
+def worker_choosing(trials: Sequence[FrozenTrial], exclude: int | None = None) -> bool:
     """Whether some running trial has no configuration yet: a worker is choosing one, or is
     waiting for trials in flight before it can."""
     return any(
@@ -257,7 +259,7 @@ def read(
         if e.purpose == "cover":
             covers.append(e.config)
     exclude = extra.number if extra else None
-    return Evidence(request, runs, claimed(trials, exclude), tuple(covers))
+    return Evidence(request, runs, configs_in_flight(trials, exclude), tuple(covers))
 
 
 # ------------------------------------------------------------------ typical runs

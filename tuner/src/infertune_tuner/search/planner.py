@@ -194,7 +194,7 @@ def confirmations(
             continue
         if ev.room[cfg] < settings.confirm_margin:
             out.append(cfg)
-    out += [c for c in straddling(ev, best_tps, settings) if c not in out]
+    out += [c for c in straddlers(ev, best_tps, settings) if c not in out]
     if doubted:
         for cfg in [best, *sorted(doubted)]:
             short = runs.get(cfg, 0) < settings.tie_repeats
@@ -203,7 +203,7 @@ def confirmations(
     return out
 
 
-def straddling(ev: Evidence, best_tps: float, settings: SearchSettings) -> list[TrialConfig]:
+def straddlers(ev: Evidence, best_tps: float, settings: SearchSettings) -> list[TrialConfig]:
     """Contenders measured twice whose repeats disagree on an SLO bound: a third run decides."""
     out = []
     for cfg, meets in ev.runs_meet.items():

@@ -35,8 +35,8 @@ from infertune_tuner.search.evidence import (
     Decision,
     Evidence,
     config_of,
-    deciding,
     read,
+    worker_choosing,
 )
 from infertune_tuner.search.planner import Planner, stop_reason
 from infertune_tuner.search.posterior import Prior, assess, verdicts
@@ -147,7 +147,7 @@ class AutoSampler(BaseSampler):
         if state == TrialState.PRUNED:
             return
         with self._lock:
-            if deciding(study.get_trials(deepcopy=False), exclude=trial.number):
+            if worker_choosing(study.get_trials(deepcopy=False), exclude=trial.number):
                 return  # a worker choosing (or waiting) decides whether to stop
             decision = self._decide(study, trial)
         if decision.stop is not None:
