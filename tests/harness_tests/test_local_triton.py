@@ -33,6 +33,12 @@ from infertune_tuner.runtime.local_triton import LocalTritonRuntime, TritonInsta
 from infertune_tuner.runtime.triton import liveness_argv
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child, SIGINT as at a terminal: a suite started in the background (`cmd &` in a
+    script) hands its children SIGINT ignored, and Ctrl-C could not be tried."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def triton_installed() -> None:
     TritonInstall.find()  # raises TritonUnavailable naming what is missing: a failure, not a skip
@@ -261,6 +267,7 @@ def test_ctrl_c_mid_trial_stops_the_real_server_and_keeps_the_report(tmp_path: P
         [str(exe), "tune", str(spec), "--backend", "triton:simulated", "--out", str(out),
          "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )  # fmt: skip
     try:
         for _ in range(900):  # until a server is up and serving

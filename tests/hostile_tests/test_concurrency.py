@@ -37,6 +37,12 @@ HOLD = (
 )
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child, SIGINT as at a terminal: a suite started in the background (`cmd &` in a
+    script) hands its children SIGINT ignored, and Ctrl-C could not be tried."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -96,6 +102,7 @@ def test_ctrl_c_mid_trial_writes_the_report_ends_the_server_and_frees_the_study(
          "--out", str(out), "--no-progress"],
         env={**os.environ, "INFERTUNE_HOSTILE_TEST": marker},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )  # fmt: skip
     try:
         # The trial's server runs: the first run is mid-trial.

@@ -27,6 +27,12 @@ INFERTUNE = str(Path(sys.executable).parent / "infertune")
 NOT_MET = "No configuration met the SLO"
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child, SIGINT as at a terminal: a suite started in the background (`cmd &` in a
+    script) hands its children SIGINT ignored, and Ctrl-C could not be tried."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spec(tmp_path: Path, **tuning: object) -> Path:
     doc = yaml.safe_load((REPO / "examples" / "llama2-70b-h100.yaml").read_text())
     doc["spec"]["tuning"].update(tuning)
@@ -47,6 +53,7 @@ def test_ctrl_c_before_any_trial_says_interrupted_not_infeasible(tmp_path: Path)
         [INFERTUNE, "tune", str(_spec(tmp_path)), "--out", str(out), "--no-progress"],
         env={**os.environ, "INFERTUNE_SIMULATED_TIME_SCALE": "1"},  # a trial takes minutes
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60

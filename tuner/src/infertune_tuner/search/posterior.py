@@ -38,7 +38,8 @@ One entry, `assess(evidence, prior, settings)`, answers a decision's whole quest
    `improvement`. From the draws: P(beats), P(success), the expected gain, and the confidence
    that the optimum was found (`Assessment`).
 
-Every constant is a field of `SearchSettings`, with its evidence.
+Every constant is a field of `SearchSettings`, with its evidence, but the kernel's coordinates
+(`FEATURES`, `TREND_CENTRE`), in which the hyperprior is fitted.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 behind them, and the alternatives measured and not kept: docs/search-experiments.md). A
 benchmark or a test builds the sampler with others (benchmarks/tuner_efficiency.py scores each
 world family with the hyperprior fitted on the *other* families, and `--set NAME=VALUE` any
-field). Nothing in the search hard-codes an assumption beside these.
+field). Besides these the search fixes only the posterior's coordinates (posterior.FEATURES and
+the trend's centre), which the hyperprior is fitted in, and numerical guards.
 """
 
 from __future__ import annotations
