@@ -113,7 +113,7 @@ def test_nothing_chosen_by_chance_says_nothing(tmp_path: Path) -> None:
 
 def test_parallel_workers_record_the_chances_they_proposed_with(tmp_path: Path) -> None:
     """Two workers: each trial keeps the chances its worker chose it with; an incumbent may be
-    a trial the other worker still ran (believed at its posterior mean, search/belief.py)."""
+    a trial the other worker still ran (believed at its posterior mean, search/posterior.py)."""
     report = _tuned(tmp_path, parallelism=2)
     executed = [t for t in report.trials if t.executed]
     assert len(executed) >= 4

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from infertune_tuner.metrics import latency_metric
 from infertune_tuner.perfmodel.latency import Percentiles
 
-# invalid: it ran, but what it measured cannot be true (search/plausibility.py): not evidence.
+# invalid: it ran, but what it measured cannot be true (search/evidence.py, judge): not evidence.
 TrialStatus = Literal["ok", "oom", "error", "invalid"]
 CAPPED_SHARE = 0.98  # a peak below this share of the max batch: some requests waited for KV room
 MAX_TURN_REQUESTS = 1024  # several turns of a large batch: enough for a stable steady state

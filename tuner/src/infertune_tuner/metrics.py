@@ -39,7 +39,7 @@ class LatencyMetric:
     decimals: int = 0  # how many decimals tables show
     unit: str = "ms"
     # How this metric's log-error moves with the tok/s/GPU log-error under the tuner's
-    # closed-loop load (Little's law; search/residuals.py has the evidence): -1 for E2E and ITL,
+    # closed-loop load (Little's law; docs/tuning.md has the evidence): -1 for E2E and ITL,
     # 0 for TTFT (admission, not throughput, decides it).
     throughput_tie: float = 0.0
 

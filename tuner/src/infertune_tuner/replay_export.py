@@ -11,7 +11,7 @@ One row per measured configuration: its repeats combined as the search combined 
 typical run, ``search.evidence.combine``), an out-of-memory in any repeat as ``oom``. Left out,
 and counted: failed trials (an error says nothing about the configuration; replaying a
 configuration that is not in the table is a failed trial anyway), invalid ones (measurements
-that cannot be true: search/plausibility.py) and interrupted ones (nothing measured).
+that cannot be true: search/evidence.py, judge) and interrupted ones (nothing measured).
 """
 
 from __future__ import annotations

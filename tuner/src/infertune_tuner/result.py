@@ -20,7 +20,7 @@ from infertune_tuner.schema import Record, with_fields
 from infertune_tuner.stop import StopKind
 
 REPORT_SCHEMA = "infertune.report/v1"
-# invalid: measured, but physically implausible or a shorter workload (search/plausibility.py);
+# invalid: measured, but physically implausible or a shorter workload (search/evidence.py, judge);
 # interrupted: started, but stopped (Ctrl-C, its worker died) before it measured anything
 TrialState = Literal["complete", "infeasible_predicted", "oom", "failed", "invalid", "interrupted"]
 
@@ -220,7 +220,7 @@ class Chances(Record):
     # asks for, 2 %); while nothing had met the SLO, P(it succeeds).
     p_beat: float
     # The best measured so far (None: nothing met the SLO); with parallel workers, possibly a
-    # configuration in flight, believed at its posterior mean (search/belief.py).
+    # configuration in flight, believed at its posterior mean (search/posterior.py).
     incumbent: ConfigOut | None = None
     # The incumbent's measured tok/s/GPU (mean over its runs) times 1 + that improvement.
     to_beat_tps: float
@@ -347,7 +347,7 @@ class Report(Record):
     p_untried_beats: float | None = None
     near_ties: list[NearTie] = Field(default_factory=list)
     # TP sizes / quantizations that could still hold the optimum, never measured near their
-    # predicted best (search/coverage.py): the search stopped (budget, timeout) before them.
+    # predicted best (search/planner.py, gaps): the search stopped (budget, timeout) before them.
     uncovered: list[str] = Field(default_factory=list)
     untried: list[UntriedGroup] = Field(default_factory=list)
     duration_s: float

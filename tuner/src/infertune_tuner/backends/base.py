@@ -23,7 +23,7 @@ class BenchmarkBackend(Protocol):
     name: str
     # How many times faster than the modelled GPU this backend's clock runs: 1.0 for a real
     # server and for modelled numbers; 1 / time scale for a time-scaled simulated server (0.02
-    # runs 50x faster). The plausibility guard scales its bound by it (search/plausibility.py).
+    # runs 50x faster). The plausibility guard scales its bound by it (search/evidence.py, judge).
     speedup: float
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:

@@ -10,7 +10,7 @@ metric of ``metrics.LATENCY_METRICS``):
 column holds the most requests seen decoding at once (below max_batch_size when the KV cache
 capped it); an optional `output_tokens_mean` column the mean output length of the responses (a
 row well short of the requested length is judged invalid by the search: see
-search/plausibility.py).
+search/evidence.py, judge).
 """
 
 from __future__ import annotations
