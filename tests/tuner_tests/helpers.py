@@ -104,8 +104,8 @@ class Core:
     def assess(self, ev: Evidence, **kwargs: bool) -> Assessment:
         return assess(ev, self.prior, self.settings, **kwargs)
 
-    def decide(self, ev: Evidence, remaining: int | None = None) -> Decision:
-        return self.planner.decide(ev, self.assess(ev), remaining=remaining)
+    def decide(self, ev: Evidence) -> Decision:
+        return self.planner.decide(ev, self.assess(ev))
 
     def gaps(self, ev: Evidence) -> list[Gap]:
         return gaps(self.assess(ev), self.prior, self.settings)

@@ -20,7 +20,7 @@ def _batch(planner: Core, k: int) -> list[TrialConfig]:
     """k proposals, each made while the earlier ones are in flight (as k workers would)."""
     flying: list[TrialConfig] = []
     for _ in range(k):
-        d = planner.decide(planner.evidence({}, flying), remaining=40)
+        d = planner.decide(planner.evidence({}, flying))
         assert d.config is not None, d
         flying.append(d.config)
     return flying
@@ -30,7 +30,7 @@ def test_a_proposal_beside_a_trial_in_flight_must_be_able_to_beat_it() -> None:
     planner, tps = _planner()
     flying = TrialConfig(4, 128, "fp8", "fp8")  # predicted to meet the SLO with room to spare
     assert planner.prior.predictions[flying].e2e_ms.p95 < 0.7 * planner.request.slo[0].max_ms
-    d = planner.decide(planner.evidence({}, [flying]), remaining=40)
+    d = planner.decide(planner.evidence({}, [flying]))
     assert d.config is not None and d.config != flying
     # The trial in flight is believed feasible at its predicted tok/s/GPU: it is the incumbent
     # the next worker must beat, so it does not spend a GPU set on a slower neighbour.

@@ -64,7 +64,7 @@ def test_a_run_that_finds_the_model_2x_off_does_not_stop_before_covering_the_str
     for g in holes_wrong:
         assert g.structure in Structure.of(g.target, planner.prior)
         assert g.target not in wrong.measured
-    d = planner.decide(wrong, remaining=30)
+    d = planner.decide(wrong)
     assert d.stop is None, "no confident stop while a structure that could win is unmeasured"
 
 

@@ -26,14 +26,14 @@ def _why(cfg: TrialConfig, known: Evidence) -> str | None:
     return ruling.text() if ruling else None
 
 
-def _loop(req, measure: Measure, limit: int = 40) -> tuple[list[Decision], Evidence]:  # type: ignore[no-untyped-def]
+def _loop(req, measure: Measure) -> tuple[list[Decision], Evidence]:  # type: ignore[no-untyped-def]
     """Drive the planner by hand: decide, measure, repeat until it stops."""
     core = Core(req)
     runs: dict[TrialConfig, list[Measurement]] = {}
     decisions = []
-    for _ in range(limit):
+    for _ in range(req.tuning.max_trials):
         known = core.evidence(runs)
-        d = core.decide(known, remaining=limit - known.executed)
+        d = core.decide(known)
         decisions.append(d)
         if d.config is None:
             return decisions, known
@@ -120,14 +120,18 @@ def test_an_invalid_repeat_is_not_averaged_in() -> None:
 
 
 def test_the_last_trial_of_the_budget_goes_to_confirming_the_winner() -> None:
-    req = request(e2e_p95=25600)
-    core = Core(req)
     c = TrialConfig(2, 64, "fp8", "auto")
-    known = core.evidence({c: [_e2e(20000, 700)]})
-    last = core.decide(known, remaining=1)
+    runs = {c: [_e2e(20000, 700)]}
+    core = Core(request(e2e_p95=25600, max_trials=2))  # one trial left
+    last = core.decide(core.evidence(runs))
     assert (last.config, last.purpose) == (c, "confirm")
     assert last.chances is not None and last.chances.to_beat_tps == pytest.approx(700 * 1.02)
-    assert core.decide(known, remaining=10).purpose == "explore"
+    roomy = Core(request(e2e_p95=25600, max_trials=11))  # ten left
+    assert roomy.decide(roomy.evidence(runs)).purpose == "explore"
+    # With none left, the rule that stops every sampler stops it.
+    spent = Core(request(e2e_p95=25600, max_trials=1))
+    stop = spent.decide(spent.evidence(runs)).stop
+    assert stop is not None and stop.kind == StopKind.BUDGET
 
 
 def test_measured_neighbours_rule_configurations_out() -> None:

@@ -217,10 +217,7 @@ def build_report(
 ) -> Report:
     request, space, priors = prior.request, prior.space, prior.predictions
     executed = current_trials(study, run)
-    known = read(request, study, run)
-    known = Evidence(
-        request, known.runs, frozenset(), known.covers
-    )  # the report: no trial in flight
+    known = read(request, study, run, in_flight=False)  # the report: what was measured
     assessment = assess(known, prior, settings, seed=seed, include_in_flight=False)
     trials: list[Trial] = []
     resumed = 0  # trials an earlier run of the same study executed

@@ -242,6 +242,8 @@ def read(
     study: Study,
     run: str | None = None,
     extra: FrozenTrial | None = None,
+    *,
+    in_flight: bool = True,
 ) -> Evidence:
     """What the study knows: every current measurement and the configurations in flight.
 
@@ -250,6 +252,7 @@ def read(
         study: The study; its storage is read once.
         run: The run whose `error` trials count (None: every run's, as for shared workers).
         extra: A trial just measured but not yet told (it is not in flight).
+        in_flight: Whether to read what is in flight (a report speaks of what was measured).
     """
     trials = study.get_trials(deepcopy=False)  # one read of the storage
     runs: dict[TrialConfig, tuple[Measurement, ...]] = {}
@@ -259,7 +262,8 @@ def read(
         if e.purpose == "cover":
             covers.append(e.config)
     exclude = extra.number if extra else None
-    return Evidence(request, runs, configs_in_flight(trials, exclude), tuple(covers))
+    flying = configs_in_flight(trials, exclude) if in_flight else frozenset()
+    return Evidence(request, runs, flying, tuple(covers))
 
 
 # ------------------------------------------------------------------ typical runs

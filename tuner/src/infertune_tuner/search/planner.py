@@ -220,10 +220,14 @@ def straddlers(ev: Evidence, best_tps: float, settings: SearchSettings) -> list[
 # ------------------------------------------------------------------ the stop rule
 
 
+def remaining(ev: Evidence, max_trials: int) -> int:
+    """Trials left in the budget: executed ones and those in flight taken off."""
+    return max_trials - ev.executed - len(ev.in_flight)
+
+
 def stop_reason(
     ev: Evidence,
     *,
-    remaining: int,
     max_trials: int,
     settings: SearchSettings,
     wants_trial: bool,
@@ -233,7 +237,6 @@ def stop_reason(
 
     Args:
         ev: What the study has measured and has in flight.
-        remaining: Trials left in the budget (executed and in flight taken off).
         max_trials: The budget.
         settings: `abort_after_errors`.
         wants_trial: Whether the sampler would start a trial now (a configuration to measure);
@@ -244,7 +247,7 @@ def stop_reason(
     """
     if verdict is not None:
         return verdict
-    if (wants_trial and remaining <= 0) or ev.executed >= max_trials:
+    if (wants_trial and remaining(ev, max_trials) <= 0) or ev.executed >= max_trials:
         return budget(max_trials)
     statuses = [m.status for m in ev.measured.values()]
     if len(statuses) >= settings.abort_after_errors and all(s == "error" for s in statuses):
@@ -270,24 +273,20 @@ class Planner:
         self.settings = settings
         self.max_trials = max_trials
 
-    def decide(self, ev: Evidence, a: Assessment, *, remaining: int | None = None) -> Decision:
+    def decide(self, ev: Evidence, a: Assessment) -> Decision:
         """The next trial, or why to stop.
 
         Args:
             ev: What the study has measured and has in flight (the budget counts it).
             a: The assessment of that evidence (trials in flight believed).
-            remaining: Trials left in the budget (the last one confirms the incumbent); None:
-                no budget (an oracle's look ahead).
 
         Returns:
             A `Decision`: a configuration and its purpose; or no configuration and a stop
             reason; or neither (wait: only an in-flight trial may still change the answer).
         """
-        d = self._next(a, remaining)
-        if remaining is None:
-            return d
+        d = self._next(a, remaining(ev, self.max_trials))
         why = stop_reason(
-            ev, remaining=remaining, max_trials=self.max_trials, settings=self.settings,
+            ev, max_trials=self.max_trials, settings=self.settings,
             wants_trial=d.config is not None, verdict=d.stop,
         )  # fmt: skip
         return Decision(None, stop=why, confidence=a.confidence) if why is not None else d
@@ -321,7 +320,7 @@ class Planner:
         oracle, benchmarks/oracle.py, overrides this with a choice that knows the truth.)"""
         return a.candidates[int(np.argmax(a.gain[: len(a.candidates)]))]
 
-    def _next(self, a: Assessment, remaining: int | None) -> Decision:
+    def _next(self, a: Assessment, left: int) -> Decision:
         st, ev = self.settings, a.evidence
         conf = a.confidence
         confirm = self._confirmations(a)
@@ -330,7 +329,7 @@ class Planner:
         explore = (
             a.p_untried >= st.stop_probability and n_cands > 0 and a.gain[:n_cands].max() > worth
         )
-        if confirm and remaining == 1:
+        if confirm and left == 1:
             return self._measure(a, confirm[0], "confirm")
         early = st.confirm_incumbent_after
         if (explore and early and a.best is not None and ev.executed >= early
@@ -340,7 +339,7 @@ class Planner:
             return self._measure(a, a.best, "confirm")
         if explore:
             return self._measure(a, self.explore_pick(a), "explore")
-        if (holes := gaps(a, self.prior, st)) and (remaining is None or remaining > 1):
+        if (holes := gaps(a, self.prior, st)) and left > 1:
             return self._measure(a, holes[0].target, "cover")
         if confirm:
             return self._measure(a, confirm[0], "confirm")

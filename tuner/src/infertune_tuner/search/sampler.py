@@ -119,13 +119,11 @@ class AutoSampler(BaseSampler):
 
     def _decide(self, study: Study, extra: FrozenTrial | None = None) -> Decision:
         ev = read(self.prior.request, study, self._scope, extra)
-        remaining = self.max_trials - ev.executed - len(ev.in_flight)
-        state = (ev.state, remaining)
-        if self._last is not None and self._last[0] == state:
+        if self._last is not None and self._last[0] == ev.state:
             return self._last[1]
         a = assess(ev, self.prior, self.settings, seed=self._seed)
-        decision = self.planner.decide(ev, a, remaining=remaining)
-        self._last = (state, decision)
+        decision = self.planner.decide(ev, a)
+        self._last = (ev.state, decision)
         return decision
 
     def sample_independent(
@@ -224,8 +222,7 @@ class SkipRuledOut(BaseSampler):
                 "every configuration was measured, is being measured, or is ruled out",
             )
             why = stop_reason(
-                ev, remaining=self.max_trials - ev.executed - len(ev.in_flight),
-                max_trials=self.max_trials, settings=self.settings, wants_trial=True,
+                ev, max_trials=self.max_trials, settings=self.settings, wants_trial=True,
                 verdict=None if self.admissible(study) else exhausted,
             )  # fmt: skip
             if why is not None:
@@ -276,8 +273,7 @@ class SkipRuledOut(BaseSampler):
             return
         ev = self._evidence(study, trial)
         why = stop_reason(
-            ev, remaining=self.max_trials - ev.executed - len(ev.in_flight),
-            max_trials=self.max_trials, settings=self.settings, wants_trial=False,
+            ev, max_trials=self.max_trials, settings=self.settings, wants_trial=False,
         )  # fmt: skip
         if why is not None:
             record(study, why)
