@@ -22,7 +22,7 @@ from infertune_tuner.search.posterior import (
     Posterior,
     Quantity,
     QuantityKey,
-    features,
+    feature_rows,
     kernel,
     log_bound,
     residuals,
@@ -37,8 +37,7 @@ def cfg(tp: int, bs: int, q: str = "fp8", kv: str = "auto") -> TrialConfig:
     return TrialConfig(tp, bs, q, kv)
 
 
-def x(configs: list[TrialConfig]) -> np.ndarray:
-    return np.array([features(c) for c in configs]).reshape(len(configs), len(FEATURES))
+x = feature_rows  # the configurations' rows, as the posterior sees them
 
 
 def fit(obs: list[Observation], kind: KindPrior) -> Quantity:

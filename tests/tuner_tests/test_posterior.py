@@ -25,7 +25,7 @@ from infertune_tuner.search.posterior import (
     Observation,
     Quantity,
     QuantityKey,
-    features,
+    feature_rows,
     kernel,
     learned_noise,
     noise_of,
@@ -40,9 +40,7 @@ def cfg(tp: int, bs: int, q: str = "fp8", kv: str = "auto") -> TrialConfig:
     return TrialConfig(tp, bs, q, kv)
 
 
-def x(configs: list[TrialConfig]) -> np.ndarray:
-    """The configurations' feature rows, as the posterior sees them."""
-    return np.array([features(c) for c in configs]).reshape(len(configs), len(FEATURES))
+x = feature_rows  # the configurations' rows, as the posterior sees them
 
 
 def fit(key: QuantityKey, obs: list[Observation], prior: KindPrior | None = None) -> Quantity:

@@ -88,12 +88,6 @@ class Skip(StrEnum):
     NOT_PROPOSED = "the sampler proposed nothing to measure now"
 
 
-class _Skipped(optuna.TrialPruned):
-    def __init__(self, skip: Skip) -> None:
-        super().__init__(skip.value)
-        self.skip = skip
-
-
 def study_name(request: TuningRequest, backend: str) -> str:
     """Same request + backend + sampler -> same study (so a re-run resumes it, and every worker
     of a shared storage joins it). Where the study lives, the budget, the confidence target and
@@ -188,7 +182,7 @@ class Search:
         trial.set_user_attr(
             ATTR_SKIP, {"skip": skip.name.lower(), "config": cfg.label() if cfg else None}
         )
-        raise _Skipped(skip)
+        raise optuna.TrialPruned(skip.value)
 
     def _record(self, trial: optuna.Trial, m: Measurement) -> list[Check]:
         checks = slo.check(self.request, m)
@@ -211,7 +205,7 @@ class Search:
 
     def _choose(self, trial: optuna.Trial) -> TrialConfig | State:
         """Under the claim lock: what this trial measures, or, when the sampler says to wait,
-        the state of the evidence before it decided (raises _Skipped when it measures
+        the state of the evidence before it decided (prunes the trial when it measures
         nothing)."""
         retried = trial.user_attrs.get(ATTR_CONFIG)  # a trial whose worker died, to re-run
         if retried is not None:

@@ -58,6 +58,8 @@ class Structure:
 
     @classmethod
     def of(cls, cfg: TrialConfig, prior: Prior) -> tuple[Structure, Structure]:
+        # A measured configuration is of the study's space (its request names the study); one
+        # outside it would stand for its own quantization.
         tp, weights = prior.structure.get(cfg, (str(cfg.tp), cfg.quantization))
         return cls("tp", tp), cls("quantization", weights)
 

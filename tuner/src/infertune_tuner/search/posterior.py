@@ -96,6 +96,11 @@ def features(cfg: TrialConfig) -> np.ndarray:
     )
 
 
+def feature_rows(configs: Sequence[TrialConfig]) -> np.ndarray:
+    """The configurations' coordinates, one row each (len(configs) x len(FEATURES))."""
+    return np.array([features(c) for c in configs]).reshape(len(configs), len(FEATURES))
+
+
 def kernels(quantization: str) -> tuple[object, ...]:
     """Weight quantizations that run the same kernels at the same width (bf16 and fp16) share
     this key: the model cannot tell them apart, and neither can a measurement's shape."""
