@@ -133,3 +133,22 @@ def test_the_auto_sampler_counts_another_workers_running_trial_as_in_flight() ->
     _ = third.relative_params
     chosen = Decision.of(study.trials[third.number])
     assert chosen is not None and chosen.config not in (None, claimed.config, theirs.config)
+
+
+def test_a_study_of_an_earlier_version_resumes_with_its_purposes_and_chances() -> None:
+    """Studies written before decisions were system attributes kept purpose and chances as user
+    attributes: their covers still count as covers and their reports keep the chances."""
+    req = request(max_trials=40)
+    study = optuna.create_study(direction="maximize")
+    cfg = TrialConfig(4, 64, "fp8", "fp8")
+    trial = study.ask()
+    m = SimulatedBackend(req, seed=0).run(cfg)
+    _record(trial, req, cfg, m)
+    chances = {"p_success": 0.9, "p_beat": 0.4, "to_beat_tps": 100.0, "estimate_tps": 120.0}
+    trial.set_user_attr("purpose", "cover")
+    trial.set_user_attr("chances", chances)
+    study.tell(trial, m.output_tokens_per_s_per_gpu)
+    assert read(req, study).covers == (cfg,)
+    decision = Decision.of(study.trials[0])
+    assert decision is not None and decision.purpose == "cover" and decision.config == cfg
+    assert decision.chances is not None and decision.chances.p_beat == 0.4
