@@ -56,6 +56,9 @@ class Measurement:
     # Output tokens per completed request, on average (None: not observed; the simulated pools
     # always produce the requested length).
     output_tokens_mean: float | None = None
+    # The phase a failed trial died in (None: not known, or it did not fail). Part of the
+    # failure's signature (signatures.py): a load that timed out is not a kernel that is missing.
+    phase: TrialPhase | None = None
 
     def capped(self, max_batch_size: int) -> bool:
         """Whether the server ran fewer sequences at once than the max batch (KV-limited)."""
@@ -66,8 +69,10 @@ class Measurement:
         )
 
     @classmethod
-    def failed(cls, status: TrialStatus, reason: str) -> Measurement:
-        return cls(status=status, reason=reason)
+    def failed(
+        cls, status: TrialStatus, reason: str, phase: TrialPhase | None = None
+    ) -> Measurement:
+        return cls(status=status, reason=reason, phase=phase)
 
     def invalid(self, reason: str) -> Measurement:
         """This measurement, kept as recorded but marked invalid for `reason`."""

@@ -253,9 +253,9 @@ class TritonBackend:
             plan = self.plan(config, trial_dir, lease)
             self.fetch_weights(config)
         except (MissingCheckpoint, WeightsUnavailable) as exc:
-            return Measurement.failed("error", str(exc))
+            return Measurement.failed("error", str(exc), "downloading weights")
         except (OSError, ValueError) as exc:
-            return Measurement.failed("error", f"cannot prepare the trial: {exc}")
+            return Measurement.failed("error", f"cannot prepare the trial: {exc}", "starting server")
         outcome = run_trial(plan)
         r = outcome.result
         if outcome.status != "ok" or r is None:
@@ -265,6 +265,7 @@ class TritonBackend:
                 requests=r.requests if r is not None else 0,
                 errors=r.errors if r is not None else 0,
                 duration_s=r.duration_s if r is not None else 0.0,
+                phase=outcome.phase,
             )
         notes = [*r.error_samples]  # an ok trial may still have lost a few requests
         notes += [str(r.settings[k]) for k in ("warning", "stopped") if k in r.settings]

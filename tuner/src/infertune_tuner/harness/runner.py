@@ -193,6 +193,7 @@ class TrialOutcome:
     result: BenchResult | None
     reason: str | None
     wall_s: float
+    phase: TrialPhase | None = None  # where a failed trial died (None: it did not fail)
 
 
 async def _drive(
@@ -201,14 +202,16 @@ async def _drive(
     """The trial's outcome; its wall time is left to `run_trial`, which also counts teardown.
     `started` is called once the server is ready or has failed to become so."""
 
+    phase: TrialPhase = "loading model"
+
     def done(status: TrialStatus, result: BenchResult | None, reason: str | None) -> TrialOutcome:
-        return TrialOutcome(status, result, reason, 0.0)
+        return TrialOutcome(status, result, reason, 0.0, phase if status != "ok" else None)
 
     def from_logs(context: str, result: BenchResult | None = None) -> TrialOutcome:
         status, reason = classify_failure(proc.log_text(), context)
         return done(status, result, reason)
 
-    on_phase("loading model")
+    on_phase(phase)
     try:
         ready = await wait_ready(proc, plan.load.url, plan.load.model, plan.startup_timeout_s)
     finally:
@@ -218,6 +221,7 @@ async def _drive(
         return from_logs(f"the server exited before it was ready (exit code {code})")
     if ready == "timeout":
         return from_logs(f"the server was not ready after {plan.startup_timeout_s:g} s")
+    phase = "measuring"
     try:  # in a process of its own: side-by-side trials do not share an interpreter lock
         result = await run_load_isolated(plan.load, on_phase=on_phase)
     except ServerUnreachable as exc:
@@ -266,7 +270,7 @@ def run_trial(plan: TrialPlan) -> TrialOutcome:
         try:
             proc = ServerProcess.start(plan.command, plan.log_path, plan.env)
         except OSError as exc:
-            return TrialOutcome("error", None, f"cannot start {plan.command[0]!r}: {exc}", 0.0)
+            return TrialOutcome("error", None, f"cannot start {plan.command[0]!r}: {exc}", 0.0, "starting server")
         try:
             outcome = asyncio.run(_drive(plan, proc, hook, held.close))
         finally:

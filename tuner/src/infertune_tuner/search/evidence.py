@@ -133,6 +133,7 @@ def measurement_to_attr(m: Measurement) -> dict[str, Any]:
         "reason": m.reason,
         "duration_s": m.duration_s,
         "concurrency": m.concurrency,
+        **({"phase": m.phase} if m.phase is not None else {}),
     }
 
 
@@ -150,6 +151,7 @@ def measurement_from_attr(d: dict[str, Any]) -> Measurement:
         reason=d.get("reason"),
         duration_s=d.get("duration_s", 0.0),
         concurrency=d.get("concurrency"),
+        phase=d.get("phase"),
     )
 
 
