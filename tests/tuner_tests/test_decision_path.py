@@ -92,11 +92,11 @@ def _decide(study: optuna.Study, after: AutoSampler) -> list[str]:
 
 def test_one_decision_enters_each_search_module_once_in_the_order_a_decision_flows() -> None:
     study, sampler = _study_with_two_trials()
-    assert _decide(study, sampler) == ["sampler", "evidence", "posterior", "planner"]
+    assert _decide(study, sampler) == ["sampler", "evidence", "failures", "posterior", "planner"]
 
 
 def test_a_decision_beside_a_trial_in_flight_takes_the_same_path() -> None:
     study, sampler = _study_with_two_trials()
     flying = study.ask()
     _ = flying.relative_params  # another worker's trial, decided and running
-    assert _decide(study, sampler) == ["sampler", "evidence", "posterior", "planner"]
+    assert _decide(study, sampler) == ["sampler", "evidence", "failures", "posterior", "planner"]

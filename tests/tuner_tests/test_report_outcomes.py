@@ -99,14 +99,19 @@ def test_aborted_says_the_set_up_is_broken_and_what_to_fix(tmp_path: Path) -> No
     )  # fmt: skip
     assert result.exit_code == 4, result.output
     said = _text(result.stdout)
-    assert said.startswith(
-        "Aborted: the first 3 trials all failed, so the set-up is broken, not the "
-        "configurations. Last error: the server exited before it was ready (exit code 1)"
+    # Failures that share a structure could be that structure's: the search stops once they
+    # share none, or nothing is left.
+    assert re.match(
+        r"Aborted: the first [345] trials all failed, so the set-up is broken, not the "
+        r"configurations\. Last error: the server exited before it was ready \(exit code 1\)",
+        said,
     ), said
     assert "Next: Fix what the failed trials report" in said and NOT_MET not in said
     assert "aborted" not in result.stderr  # said once, on stdout
     md = (out / "report.md").read_text()
-    assert "**Aborted: the first 3 trials all failed" in md and NOT_MET not in md
+    assert re.search(r"\*\*Aborted: the first [345] trials all failed", md) and NOT_MET not in md
+    # The set-up's failures, not a structure's.
+    assert "could not run:" not in said and "## What could not run" not in md
     assert 'class="verdict bad">Aborted:' in (out / "report.html").read_text()
 
 

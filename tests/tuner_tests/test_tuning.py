@@ -209,7 +209,9 @@ def test_broken_setup_aborts_early_and_a_fixed_rerun_retries(tmp_path: Path) -> 
     assert report.best is None
     assert report.stop == StopKind.ABORTED
     assert "cannot start" in report.stopped_reason
-    assert len(backend.calls) == 3, "stops after the first three errors, not at the budget"
+    # It stops once the failures share no structure (one that did could be the structure's),
+    # or nothing is left: far from the budget.
+    assert 3 <= len(backend.calls) <= 5, "stops after a few errors, not at the budget"
     backend.fixed = True
     backend.calls.clear()
     again = tune(req, backend=backend, out_dir=tmp_path)

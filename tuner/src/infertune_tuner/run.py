@@ -7,6 +7,7 @@ CLI's progress bar is one).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import optuna
 
-from infertune_tuner import defaults
+from infertune_tuner import __version__, defaults
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
@@ -25,7 +26,13 @@ from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
-from infertune_tuner.search.driver import OnTrial, Search, SearchOutcome, study_name
+from infertune_tuner.search.driver import (
+    OnTrial,
+    Search,
+    SearchOutcome,
+    failure_scope,
+    study_name,
+)
 from infertune_tuner.search.evidence import executed_trials
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.posterior import Prior
@@ -70,6 +77,7 @@ def tune(
     gpus: int | None = None,
     settings: SearchSettings | None = None,
     planner_factory: PlannerFactory = Planner,
+    retry_failed: bool = False,
 ) -> Report | None:
     """Run (or resume) the study for `request` and return the report (not yet written).
 
@@ -94,6 +102,8 @@ def tune(
             the request's confidence target replaces their stop probability.
         planner_factory: Builds `auto`'s planner from (prior, settings, max_trials=); the
             benchmark's oracle (benchmarks/oracle.py) is the one other.
+        retry_failed: Try afresh what failed in earlier runs of the same set-up (by default a
+            resumed study keeps the structures that could not run excluded).
 
     Returns:
         The report: every trial, the best feasible configuration (or the nearest misses) and
@@ -146,9 +156,10 @@ def tune(
         search_settings = (settings or SearchSettings()).with_confidence(request.tuning.confidence)
         prior = Prior.build(request, space, priors, search_settings)
         run_id = uuid.uuid4().hex
+        setup = setup_fingerprint(backend, server_command)
         sampler = make_sampler(
-            prior, search_settings, scope=None if shared else run_id, seed=seed,
-            planner=planner_factory,
+            prior, search_settings, seed=seed, planner=planner_factory,
+            scope=failure_scope(run_id, setup, shared=shared, retry_failed=retry_failed),
         )  # fmt: skip
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", load_if_exists=True,
@@ -162,7 +173,8 @@ def tune(
         )
         search = Search(
             prior, search_settings, study, run_id=run_id, on_trial=on_trial,
-            deadline=deadline, lock=ClaimLock(storage, name), shared=shared,
+            deadline=deadline, lock=ClaimLock(storage, name), shared=shared, setup=setup,
+            retry_failed=retry_failed,
         )  # fmt: skip
         if not shared:  # no other process works on a journal: what still runs was interrupted
             search.recover_interrupted()
@@ -184,12 +196,26 @@ def tune(
         return build_report(
             prior, search_settings, outcome.study, backend=backend_name, stop=outcome.stop,
             duration_s=time.monotonic() - started, run=search.scope, seed=seed,
+            run_id=run_id,
         )  # fmt: skip
     finally:
         for b in backends:
             b.close()
         if lock is not None:
             lock.release()
+
+
+def setup_fingerprint(backend: str | BenchmarkBackend, server_command: str | None) -> str:
+    """What the trials ran on, as far as the tuner can tell: the backend, its server command,
+    this version of infertune and, for a replay, the table's bytes. Failures of a run on the
+    same set-up still count when a study resumes (what could not run stays excluded); a
+    changed set-up tries them afresh."""
+    name = backend if isinstance(backend, str) else backend.name
+    parts = [name, server_command or "", __version__]
+    if isinstance(backend, str) and backend.startswith("replay:"):
+        table = Path(backend.removeprefix("replay:"))
+        parts.append(hashlib.sha256(table.read_bytes()).hexdigest() if table.is_file() else "")
+    return "setup-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
 def _last_worker(search: Search) -> bool:

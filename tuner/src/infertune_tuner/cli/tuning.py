@@ -79,6 +79,15 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
             ),
         ] = None,
         progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+        retry_failed: Annotated[
+            bool,
+            typer.Option(
+                help="Try afresh what failed in earlier runs of this study (after fixing the "
+                "set-up the tuner cannot see: a node, a driver). By default a resumed study keeps "
+                "structures that could not run excluded, unless the backend, server command or "
+                "infertune version changed."
+            ),
+        ] = False,
     ) -> None:
         """Tune a deployment locally and write report.json/md/html.
 
@@ -121,6 +130,7 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
             report = run_tune(
                 request, backend=backend, out_dir=out_dir, server_command=server_command,
                 on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
+                retry_failed=retry_failed,
             )  # fmt: skip
             shown.finish()
             if report is not None:
@@ -163,6 +173,8 @@ def _summary(report: Report, paths: list[Path]) -> None:
     )
     if view.headroom_warn and view.headroom:
         typer.echo(view.headroom)
+    for line in view.failures:
+        typer.echo(f"  could not run: {line}")
     for nm in report.nearest_misses:
         typer.echo(f"  nearest miss {nm.config.label()}: {'; '.join(nm.violations)}")
     typer.echo(f"report: {', '.join(str(p) for p in paths)}")

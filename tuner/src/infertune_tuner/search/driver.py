@@ -50,9 +50,11 @@ from infertune_tuner.search.evidence import (
     ATTR_CONSTRAINTS,
     ATTR_MEASUREMENT,
     ATTR_RUN,
+    ATTR_SETUP,
     ATTR_SKIP,
     Decision,
     Evidence,
+    Scope,
     State,
     config_of,
     judge,
@@ -108,6 +110,15 @@ class SearchOutcome:
     study: Study
 
 
+def failure_scope(
+    run_id: str, setup: str | None, *, shared: bool, retry_failed: bool
+) -> Scope | None:
+    """Whose `error` trials count as evidence (evidence.Scope): every worker's on a shared
+    study (None); else this run's, and those of earlier runs on the same set-up unless
+    `retry_failed`."""
+    return None if shared else Scope(run_id, setup, retry_failed)
+
+
 OnTrial = Callable[[TrialConfig, Measurement, list[Check], Evidence], None]
 
 
@@ -124,6 +135,8 @@ class Search:
         deadline: `time.monotonic()` after which no trial starts.
         lock: The study's claim lock (storage.ClaimLock).
         shared: Whether other processes work on the same study.
+        setup: The set-up fingerprint (run.setup_fingerprint), recorded on each trial.
+        retry_failed: Whether failures of earlier runs of the same set-up are tried afresh.
     """
 
     def __init__(
@@ -137,6 +150,8 @@ class Search:
         deadline: float | None = None,
         lock: Claim | None = None,
         shared: bool = False,
+        setup: str | None = None,
+        retry_failed: bool = False,
     ) -> None:
         self.prior = prior
         self.request = prior.request
@@ -147,13 +162,19 @@ class Search:
         self.deadline = deadline
         self.run_id = run_id
         # Workers of a shared study are one run: an error another worker met counts for all.
-        self.scope: str | None = None if shared else self.run_id
+        # Otherwise the errors of this set-up count (evidence.current_trials), or with
+        # `retry_failed` those of this run only.
+        self.setup = setup
+        self.scope = failure_scope(run_id, setup, shared=shared, retry_failed=retry_failed)
         self.shared = shared
         self.lock: Claim = lock if lock is not None else ClaimLock(None)
         self.dists: dict[str, BaseDistribution] = distributions(prior.space)
 
     def evidence(self) -> Evidence:
-        return read(self.request, self.study, self.scope)
+        return read(
+            self.request, self.study, self.scope,
+            transient_retries=self.settings.transient_retries,
+        )  # fmt: skip
 
     # -- resume
 
@@ -229,6 +250,8 @@ class Search:
                 self._skip(trial, Skip.TAKEN, cfg)  # a guarded sampler drew another's claim
         trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
         trial.set_user_attr(ATTR_RUN, self.run_id)
+        if self.setup is not None:
+            trial.set_user_attr(ATTR_SETUP, self.setup)
         if (tps := self.prior.tps.get(cfg)) is not None:
             trial.set_user_attr("predicted_tps", tps)
         return cfg
@@ -262,7 +285,7 @@ class Search:
 
         def objective(trial: optuna.Trial) -> float:
             cfg = self._claim(trial)
-            repeat = self.evidence().counts.get(cfg, 0)  # runs of it the study holds already
+            repeat = len(self.evidence().runs.get(cfg, ()))  # runs of it the study holds already
             backend = backends.get()
             try:
                 m = backend.run(cfg, repeat=repeat)
@@ -280,7 +303,14 @@ class Search:
             if self.on_trial is not None:
                 ev = self.evidence()
                 runs = {**ev.runs, cfg: (*ev.runs.get(cfg, ()), m)}
-                self.on_trial(cfg, m, checks, Evidence(self.request, runs, ev.in_flight - {cfg}))
+                self.on_trial(
+                    cfg,
+                    m,
+                    checks,
+                    Evidence(
+                        self.request, runs, ev.in_flight - {cfg}, ev.covers, ev.transient_retries
+                    ),
+                )
             if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
                 return m.output_tokens_per_s_per_gpu
             raise TrialFailed(m.reason or m.status)

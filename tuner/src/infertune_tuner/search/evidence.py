@@ -44,6 +44,7 @@ from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Chances, Check, checks_of
+from infertune_tuner.signatures import Signature, signature
 from infertune_tuner.stop import StopReason
 
 # What the driver records on a trial it runs (user attributes).
@@ -53,13 +54,15 @@ ATTR_CHECKS = "slo_checks"
 ATTR_CONSTRAINTS = "constraints"
 ATTR_SKIP = "skipped"
 ATTR_RUN = "run"
+ATTR_SETUP = "setup"  # the set-up fingerprint of the run (run.setup_fingerprint)
 # What the `auto` sampler decided for a trial (a system attribute, `Decision.as_attr`).
 DECISION_ATTR = "infertune:decision"
 # Studies written before decisions were system attributes kept these two as user attributes.
 _LEGACY_PURPOSE, _LEGACY_CHANCES = "purpose", "chances"
 CLAIMED = (TrialState.RUNNING, TrialState.WAITING)
-# What a decision from some evidence depends on: runs per configuration, what is in flight.
-State = tuple[frozenset[tuple[TrialConfig, int]], frozenset[TrialConfig]]
+# What a decision from some evidence depends on: runs per configuration, what is in flight, and
+# the trials executed (a transient failure changes nothing else).
+State = tuple[frozenset[tuple[TrialConfig, int]], frozenset[TrialConfig], int]
 DONE = (TrialState.COMPLETE, TrialState.FAIL)
 
 
@@ -164,6 +167,7 @@ class ExecutedTrial:
     run: str | None = None
     purpose: str = "explore"
     chances: Chances | None = None
+    setup: str | None = None
 
 
 def _executed(t: FrozenTrial) -> ExecutedTrial | None:
@@ -178,6 +182,7 @@ def _executed(t: FrozenTrial) -> ExecutedTrial | None:
         t.user_attrs.get(ATTR_RUN),
         decision.purpose if decision is not None else "explore",
         decision.chances if decision is not None else None,
+        t.user_attrs.get(ATTR_SETUP),
     )
 
 
@@ -188,26 +193,44 @@ def executed_trials(study: Study, trials: list[FrozenTrial] | None = None) -> li
     return [e for t in trials if t.state in DONE and (e := _executed(t)) is not None]
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Whose `error` trials count as evidence, for a run that is not a worker of a shared
+    study (there every worker's count): the run's own; and, unless `retry_failed`, those of
+    earlier runs on the same set-up (`setup`: run.setup_fingerprint) in which something ran.
+    So a resumed study keeps what could not run excluded; a re-run after the set-up changed
+    (server command, image, replay table), after a run in which nothing ran (the set-up was
+    broken, not the configurations), or with `--retry-failed` tries it afresh."""
+
+    run: str
+    setup: str | None = None
+    retry_failed: bool = False
+
+    def counts(self, e: ExecutedTrial, proven: frozenset[str | None]) -> bool:
+        """Whether failed trial `e` counts (`proven`: the runs in which something ran)."""
+        if e.run == self.run:
+            return True
+        return not self.retry_failed and e.setup == self.setup and e.run in proven
+
+
 def current_trials(
     study: Study,
-    run: str | None = None,
+    run: Scope | str | None = None,
     extra: FrozenTrial | None = None,
     trials: list[FrozenTrial] | None = None,
 ) -> list[ExecutedTrial]:
-    """The executed trials that count, in trial order (repeats of a configuration included).
-
-    Trials that failed with `error` in an *earlier* run are left out, so a re-run after fixing
-    the set-up (server command, checkpoint) retries them; OOMs and measurements are kept for
-    good (the study keeps everything). `run` None: every trial counts (workers of a shared
+    """The executed trials that count, in trial order (repeats of a configuration included):
+    every measurement and out-of-memory (the study keeps everything), and the `error` trials
+    of `run`'s scope (a run id: that run's; None: every run's, as for the workers of a shared
     study). `extra`: a trial just measured but not yet told."""
     done = executed_trials(study, trials)
     if extra is not None and (e := _executed(extra)) is not None:
         done = [t for t in done if t.number != e.number] + [e]
-    out = [
-        e
-        for e in done
-        if not (run is not None and e.measurement.status == "error" and e.run != run)
-    ]
+    if run is None:
+        return sorted(done, key=lambda e: e.number)
+    scope = Scope(run) if isinstance(run, str) else run
+    proven = frozenset(e.run for e in done if e.measurement.status != "error")
+    out = [e for e in done if e.measurement.status != "error" or scope.counts(e, proven)]
     return sorted(out, key=lambda e: e.number)
 
 
@@ -242,10 +265,11 @@ def worker_choosing(trials: Sequence[FrozenTrial], exclude: int | None = None) -
 def read(
     request: TuningRequest,
     study: Study,
-    run: str | None = None,
+    run: Scope | str | None = None,
     extra: FrozenTrial | None = None,
     *,
     in_flight: bool = True,
+    transient_retries: int = 1,
 ) -> Evidence:
     """What the study knows: every current measurement and the configurations in flight.
 
@@ -255,6 +279,7 @@ def read(
         run: The run whose `error` trials count (None: every run's, as for shared workers).
         extra: A trial just measured but not yet told (it is not in flight).
         in_flight: Whether to read what is in flight (a report speaks of what was measured).
+        transient_retries: SearchSettings.transient_retries.
     """
     trials = study.get_trials(deepcopy=False)  # one read of the storage
     runs: dict[TrialConfig, tuple[Measurement, ...]] = {}
@@ -265,7 +290,26 @@ def read(
             covers.append(e.config)
     exclude = extra.number if extra else None
     flying = configs_in_flight(trials, exclude) if in_flight else frozenset()
-    return Evidence(request, runs, flying, tuple(covers))
+    return Evidence(request, runs, flying, tuple(covers), transient_retries)
+
+
+def failure_signature(m: Measurement) -> Signature | None:
+    """The signature of a failed run (None: it did not fail with `error`)."""
+    return signature(m.reason, m.phase) if m.status == "error" else None
+
+
+def counted(runs: Sequence[Measurement], retries: int) -> tuple[Measurement, ...]:
+    """The runs of one configuration that count as evidence: a transient failure (a load that
+    timed out, a reset connection, an evicted pod: signatures.py) says nothing about the
+    configuration, so it counts only once the configuration failed transiently `retries` + 1
+    times and never otherwise ran; until then the configuration is re-run."""
+    transient = [m for m in runs if (s := failure_signature(m)) is not None and s.is_transient]
+    if not transient:
+        return tuple(runs)
+    others = tuple(m for m in runs if m not in transient)
+    if others:
+        return others
+    return tuple(runs) if len(transient) > retries else ()
 
 
 # ------------------------------------------------------------------ typical runs
@@ -322,11 +366,16 @@ class Evidence:
     runs: Mapping[TrialConfig, tuple[Measurement, ...]] = field(default_factory=dict)
     in_flight: frozenset[TrialConfig] = frozenset()
     covers: tuple[TrialConfig, ...] = ()  # measured to cover a structure
+    transient_retries: int = 1  # SearchSettings.transient_retries
     # -- derived
     measured: dict[TrialConfig, Measurement] = field(init=False)  # the typical runs
+    # Configurations whose typical run failed with `error`, with the failure's signature.
+    failures: dict[TrialConfig, Signature] = field(init=False)
+    # Configurations whose only runs failed transiently: to be re-run before they count.
+    retry: frozenset[TrialConfig] = field(init=False)
     checks: dict[TrialConfig, list[Check]] = field(init=False)  # of the typical runs
-    counts: dict[TrialConfig, int] = field(init=False)  # runs per configuration
-    executed: int = field(init=False)  # executed trials, repeats included
+    counts: dict[TrialConfig, int] = field(init=False)  # runs per configuration that count
+    executed: int = field(init=False)  # executed trials, repeats and transient failures included
     # Per configuration, whether each of its runs met every bound (None: not a valid run).
     runs_meet: dict[TrialConfig, tuple[bool | None, ...]] = field(init=False)
     # Per measured configuration, the least room its typical run leaves inside a bound.
@@ -340,12 +389,16 @@ class Evidence:
 
     def __post_init__(self, request: TuningRequest) -> None:
         put = object.__setattr__
-        measured = {c: combine(ms) for c, ms in self.runs.items()}
+        kept = {c: counted(ms, self.transient_retries) for c, ms in self.runs.items()}
+        measured = {c: combine(ms) for c, ms in kept.items() if ms}
+        failures = {
+            c: sig for c, m in measured.items() if (sig := failure_signature(m)) is not None
+        }
         checks = {c: slo.check(request, m) for c, m in measured.items()}
         runs_meet = {
             c: tuple(all(ch.ok for ch in slo.check(request, m)) if m.status == "ok" else None
                      for m in ms)
-            for c, ms in self.runs.items()
+            for c, ms in kept.items() if ms
         }  # fmt: skip
         room = {c: min((ch.headroom for ch in cs), default=math.inf) for c, cs in checks.items()}
         feasible = {
@@ -358,17 +411,19 @@ class Evidence:
             if feasible
             else None
         )
-        counts = {c: len(ms) for c, ms in self.runs.items()}
+        counts = {c: len(ms) for c, ms in kept.items() if ms}
         put(self, "measured", measured)
+        put(self, "failures", failures)
+        put(self, "retry", frozenset(c for c, ms in kept.items() if not ms))
         put(self, "checks", checks)
         put(self, "counts", counts)
-        put(self, "executed", sum(counts.values()))
+        put(self, "executed", sum(len(ms) for ms in self.runs.values()))
         put(self, "runs_meet", runs_meet)
         put(self, "room", room)
         put(self, "feasible", feasible)
         put(self, "best", best)
         put(self, "best_tps", (measured[best].output_tokens_per_s_per_gpu or 0.0) if best else 0.0)
-        put(self, "state", (frozenset(counts.items()), self.in_flight))
+        put(self, "state", (frozenset(counts.items()), self.in_flight, self.executed))
 
 
 # ------------------------------------------------------------------ valid measurements

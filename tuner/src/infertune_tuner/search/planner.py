@@ -36,11 +36,13 @@ import numpy as np
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.result import Chances, ConfigOut
 from infertune_tuner.search.evidence import Decision, Evidence
+from infertune_tuner.search.failures import atoms
 from infertune_tuner.search.posterior import TPS, Assessment, Prior, QuantityKey
 from infertune_tuner.stop import StopKind, StopReason, aborted, budget
 
 if TYPE_CHECKING:
     from infertune_tuner.search.settings import SearchSettings
+    from infertune_tuner.space import SearchSpace
 
 Purpose = Literal["explore", "confirm", "probe", "cover"]
 
@@ -125,7 +127,7 @@ def could_win(
 def gaps(a: Assessment, prior: Prior, settings: SearchSettings) -> list[Gap]:
     """Every structure that could hold the optimum and is not covered, with its target (the
     candidate of the structure the model predicts the most tok/s/GPU for, among those that
-    could win), the most promising target first.
+    could win and more likely than not run), the most promising target first.
 
     A structure is covered when its target was measured, or a configuration of it within
     `cover_batch_factor` of the target's batch was measured validly and either met every bound
@@ -144,7 +146,9 @@ def gaps(a: Assessment, prior: Prior, settings: SearchSettings) -> list[Gap]:
             continue  # covered as far as the rule goes: the posterior judges the rest
         contenders = [
             c for c in a.candidates
-            if s in Structure.of(c, prior) and could_win(
+            if s in Structure.of(c, prior)
+            and a.failures.p_runs.get(c, 1.0) >= settings.cover_min_runs
+            and could_win(
                 c, prior, settings, best=a.best, best_tps=a.best_tps,
                 errors=a.residuals.by_config, own_errors=a.residuals.own_by_config,
             )
@@ -230,6 +234,7 @@ def remaining(ev: Evidence, max_trials: int) -> int:
 def stop_reason(
     ev: Evidence,
     *,
+    space: SearchSpace,
     max_trials: int,
     settings: SearchSettings,
     wants_trial: bool,
@@ -239,6 +244,7 @@ def stop_reason(
 
     Args:
         ev: What the study has measured and has in flight.
+        space: The search space (what structures the failures could share).
         max_trials: The budget.
         settings: `abort_after_errors`.
         wants_trial: Whether the sampler would start a trial now (a configuration to measure);
@@ -247,14 +253,19 @@ def stop_reason(
             the SLO, everything ruled out; a guarded sampler's: nothing left to propose). It
             comes first.
     """
+    statuses = [m.status for m in ev.measured.values()]
+    if len(statuses) >= settings.abort_after_errors and all(s == "error" for s in statuses):
+        # Failures that share a structure are that structure's (failures.py): the search goes
+        # on without it. Failures across structures, or a search that would end with nothing
+        # ever run, are the set-up's.
+        shared = frozenset.intersection(*(atoms(c, space) for c in ev.measured))
+        if not shared or verdict is not None:
+            last = [m for ms in ev.runs.values() for m in ms][-1].reason
+            return aborted(len(statuses), last)
     if verdict is not None:
         return verdict
     if (wants_trial and remaining(ev, max_trials) <= 0) or ev.executed >= max_trials:
         return budget(max_trials)
-    statuses = [m.status for m in ev.measured.values()]
-    if len(statuses) >= settings.abort_after_errors and all(s == "error" for s in statuses):
-        last = [m for ms in ev.runs.values() for m in ms][-1].reason
-        return aborted(len(statuses), last)
     return None
 
 
@@ -288,7 +299,7 @@ class Planner:
         """
         d = self._next(a, remaining(ev, self.max_trials))
         why = stop_reason(
-            ev, max_trials=self.max_trials, settings=self.settings,
+            ev, space=self.prior.space, max_trials=self.max_trials, settings=self.settings,
             wants_trial=d.config is not None, verdict=d.stop,
         )  # fmt: skip
         return Decision(None, stop=why, confidence=a.confidence) if why is not None else d

@@ -63,6 +63,7 @@ from infertune_tuner.perfmodel.memory import FREE_GPU_MEMORY_FRACTION
 from infertune_tuner.request import SloBound, TuningRequest
 from infertune_tuner.result import Check, FloorCheck
 from infertune_tuner.search.evidence import Evidence, decode_bound
+from infertune_tuner.search.failures import FailureModel
 from infertune_tuner.space import SearchSpace
 
 if TYPE_CHECKING:
@@ -243,6 +244,7 @@ class Exclusion(StrEnum):
     KV_CAPPED = "kv-capped"
     SLO_MISS = "slo-miss"
     TWIN = "twin"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -262,8 +264,9 @@ class Ruling:
     @property
     def predicted_infeasible(self) -> bool:
         """Whether the report lists it as a trial the evidence or the model made unnecessary
-        (a twin is covered by its measured twin instead: the report's untried groups say so)."""
-        return self.unmeasured and self.exclusion != Exclusion.TWIN
+        (a twin is covered by its measured twin instead: the report's untried groups say so; a
+        configuration whose structure failed is listed with the failures: it could not run)."""
+        return self.unmeasured and self.exclusion not in (Exclusion.TWIN, Exclusion.FAILED)
 
     def text(self) -> str:
         by = self.by.label() if self.by else ""
@@ -283,6 +286,8 @@ class Ruling:
                 return f"{side} batch than {by}, which missed {self.bound}"
             case Exclusion.TWIN:
                 return f"the model cannot tell it from {by}, which was measured"
+            case Exclusion.FAILED:
+                return f"of a structure that failed to run: {by} failed ({self.detail})"
 
 
 def _clear_miss(ch: Check, margin: float) -> bool:
@@ -329,10 +334,17 @@ def _ruled_by_neighbours(
 
 
 def verdicts(
-    ev: Evidence, prior: Prior, settings: SearchSettings
+    ev: Evidence,
+    prior: Prior,
+    settings: SearchSettings,
+    failures: FailureModel | None = None,
 ) -> dict[TrialConfig, Ruling | None]:
-    """Every configuration of the space: None when it is a candidate, else why it is not."""
+    """Every configuration of the space: None when it is a candidate, else why it is not
+    (`failures`: the failure model of `ev`, when already learnt)."""
+    if failures is None:
+        failures = FailureModel.learn(ev, prior.space, settings)
     out: dict[TrialConfig, Ruling | None] = {}
+    excluded = failures.excluded
     for cfg in prior.space.configs:
         if prior.margin[cfg] < -settings.wide_margin:
             out[cfg] = Ruling(Exclusion.MEMORY, detail=prior.predictions[cfg].memory.reason)
@@ -342,6 +354,9 @@ def verdicts(
             out[cfg] = Ruling(Exclusion.IN_FLIGHT)
         else:
             out[cfg] = _ruled_by_neighbours(cfg, ev, prior, settings.dominance_margin)
+            if out[cfg] is None and cfg in excluded:
+                sig, by = excluded[cfg]
+                out[cfg] = Ruling(Exclusion.FAILED, by, detail=sig.label())
     return out
 
 
@@ -860,7 +875,7 @@ def _believe(ev: Evidence, prior: Prior, settings: SearchSettings) -> Evidence:
                 reason=BELIEVED,
             ),
         )
-    return Evidence(prior.request, runs, ev.in_flight, ev.covers)
+    return Evidence(prior.request, runs, ev.in_flight, ev.covers, ev.transient_retries)
 
 
 # ------------------------------------------------------------------ the assessment
@@ -875,6 +890,7 @@ class Assessment:
 
     evidence: Evidence  # what the assessment rests on (trials in flight believed)
     verdicts: Mapping[TrialConfig, Ruling | None]  # every configuration of the space
+    failures: FailureModel  # which configurations can run, from the failures seen
     residuals: Residuals
     best: TrialConfig | None
     best_tps: float
@@ -892,10 +908,15 @@ class Assessment:
 
 
 def _marginal(
-    cands: list[TrialConfig], post: Posterior, fit: MemoryFit, threshold: float, prior: Prior
+    cands: list[TrialConfig],
+    post: Posterior,
+    fit: MemoryFit,
+    threshold: float,
+    prior: Prior,
+    runs: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per candidate on its own (no correlation between candidates): P(success), P(fit) and
-    P(succeeds and beats `threshold`)."""
+    P(succeeds and beats `threshold`); `runs`: each candidate's chance to run."""
     if not cands:
         z = np.zeros(0)
         return z, z, z
@@ -907,12 +928,12 @@ def _marginal(
     floor = prior.request.min_output_tokens_per_s_per_gpu
     low = None if floor is None else math.log(floor) - log_prior
     p_fit = fit.probability(np.array([prior.margin[c] for c in cands]))
-    p_success = post.success(cands, bounds, low) * p_fit
+    p_success = post.success(cands, bounds, low) * p_fit * runs
     if threshold <= 0:
         return p_success, p_fit, p_success
     above = math.log(threshold) - log_prior
     above = above if low is None else np.maximum(above, low)
-    return p_success, p_fit, post.success(cands, bounds, above) * p_fit
+    return p_success, p_fit, post.success(cands, bounds, above) * p_fit * runs
 
 
 def assess(
@@ -922,6 +943,7 @@ def assess(
     *,
     seed: int = 0,
     include_in_flight: bool = True,
+    failures: FailureModel | None = None,
 ) -> Assessment:
     """Believe what is in flight, classify every configuration, fit the posterior and sample it
     jointly over the untried, in-flight and measured feasible configurations.
@@ -937,10 +959,15 @@ def assess(
         seed: The study's seed (the draws are seeded by it, the trials executed and the pool).
         include_in_flight: Believe and count in-flight configurations (a search must not stop
             while one may still win; the report leaves them out).
+        failures: The failure model of `ev` (failures.py), when already learnt.
     """
     st = settings
+    # What ran and what failed; a trial in flight is not believed to run (its structure may be
+    # the one that fails).
+    if failures is None:
+        failures = FailureModel.learn(ev, prior.space, st, seed=seed)
     ev = _believe(ev, prior, st) if include_in_flight else ev
-    ruled = verdicts(ev, prior, st)
+    ruled = verdicts(ev, prior, st, failures)
     cands = [c for c in prior.universe if ruled[c] is None]
     flying = sorted(ev.in_flight - set(ev.measured)) if include_in_flight else []
     best = ev.best
@@ -952,7 +979,9 @@ def assess(
     if best is not None:
         slack = st.incumbent_slack_sds * float(post.tps.marginal(post.x([best]))[1][0])
     threshold = ev.best_tps * (1 + st.improvement) * math.exp(-slack)
-    m_success, m_fit, m_beat = _marginal(cands, post, fit_model, threshold, prior)
+    m_success, m_fit, m_beat = _marginal(
+        cands, post, fit_model, threshold, prior, np.array([failures.p_runs[c] for c in cands])
+    )
     order = np.argsort(-m_beat, kind="stable")
     keep = [i for i in order if m_beat[i] >= st.negligible] or list(order[:1])
     keep = sorted(set(keep) | set(order[: st.joint_at_least].tolist()))
@@ -973,6 +1002,9 @@ def assess(
     margins = np.array([prior.margin[c] for c in joint])
     delta = fit_model.sample(n, rng)
     success[:, :untested] &= (margins[None, :] + delta[:, None]) > 0
+    if failures.draws is not None:  # configurations of one broken structure fail together
+        column = {c: i for i, c in enumerate(prior.space.configs)}
+        success[:, :untested] &= failures.draws[:, [column[c] for c in joint]]
     if best is not None:
         inc = pool.index(best)
         line = (1 + st.improvement) * tps[:, inc : inc + 1]
@@ -995,6 +1027,7 @@ def assess(
     return Assessment(
         evidence=ev,
         verdicts=ruled,
+        failures=failures,
         residuals=r,
         best=best,
         best_tps=ev.best_tps,

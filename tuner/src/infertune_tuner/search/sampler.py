@@ -34,10 +34,12 @@ from infertune_tuner.search.evidence import (
     DECISION_ATTR,
     Decision,
     Evidence,
+    Scope,
     config_of,
     read,
     worker_choosing,
 )
+from infertune_tuner.search.failures import FailureModel
 from infertune_tuner.search.planner import Planner, stop_reason
 from infertune_tuner.search.posterior import Prior, assess, verdicts
 from infertune_tuner.search.settings import SearchSettings
@@ -70,7 +72,7 @@ class AutoSampler(BaseSampler):
         settings: Every constant the search decides with (the request's confidence applied).
         seed: Seeds the posterior's draws, and the values Optuna asks of `sample_independent`
             for a trial that measures nothing.
-        scope: The run whose `error` trials count (None: every run's; evidence.current_trials).
+        scope: Whose `error` trials count (evidence.Scope; None: every run's).
         planner: Builds the planner from (prior, settings, max_trials=); the benchmark's oracle
             is the one other.
     """
@@ -81,7 +83,7 @@ class AutoSampler(BaseSampler):
         settings: SearchSettings,
         *,
         seed: int = 0,
-        scope: str | None = None,
+        scope: Scope | None = None,
         planner: PlannerFactory = Planner,
     ) -> None:
         self.prior = prior
@@ -118,10 +120,15 @@ class AutoSampler(BaseSampler):
         return decision.config.as_dict() if decision.config is not None else {}
 
     def _decide(self, study: Study, extra: FrozenTrial | None = None) -> Decision:
-        ev = read(self.prior.request, study, self._scope, extra)
+        ev = read(
+            self.prior.request, study, self._scope, extra,
+            transient_retries=self.settings.transient_retries,
+        )  # fmt: skip
         if self._last is not None and self._last[0] == ev.state:
             return self._last[1]
-        a = assess(ev, self.prior, self.settings, seed=self._seed)
+        # What the failures say, then the posterior, then the decision.
+        failures = FailureModel.learn(ev, self.prior.space, self.settings, seed=self._seed)
+        a = assess(ev, self.prior, self.settings, seed=self._seed, failures=failures)
         decision = self.planner.decide(ev, a)
         self._last = (ev.state, decision)
         return decision
@@ -163,7 +170,7 @@ class SkipRuledOut(BaseSampler):
         prior: The space's predictions and fixed facts.
         settings: The search's constants.
         distributions: The four configuration parameters.
-        scope: The run whose `error` trials count (None: every run's).
+        scope: Whose `error` trials count (evidence.Scope; None: every run's).
         seed: For the values drawn in place of a proposal that breaks the rule.
     """
 
@@ -174,7 +181,7 @@ class SkipRuledOut(BaseSampler):
         settings: SearchSettings,
         distributions: dict[str, BaseDistribution],
         *,
-        scope: str | None = None,
+        scope: Scope | None = None,
         seed: int = 0,
     ) -> None:
         self._base = base
@@ -193,7 +200,10 @@ class SkipRuledOut(BaseSampler):
         }
 
     def _evidence(self, study: Study, extra: FrozenTrial | None = None) -> Evidence:
-        return read(self.prior.request, study, self._scope, extra)
+        return read(
+            self.prior.request, study, self._scope, extra,
+            transient_retries=self.settings.transient_retries,
+        )  # fmt: skip
 
     def admissible(self, study: Study) -> frozenset[TrialConfig]:
         """The candidates of the study's evidence, read once per study state (every parameter
@@ -222,8 +232,8 @@ class SkipRuledOut(BaseSampler):
                 "every configuration was measured, is being measured, or is ruled out",
             )
             why = stop_reason(
-                ev, max_trials=self.max_trials, settings=self.settings, wants_trial=True,
-                verdict=None if self.admissible(study) else exhausted,
+                ev, space=self.prior.space, max_trials=self.max_trials, settings=self.settings,
+                wants_trial=True, verdict=None if self.admissible(study) else exhausted,
             )  # fmt: skip
             if why is not None:
                 stopping = Decision(None, stop=why).as_attr()
@@ -273,7 +283,8 @@ class SkipRuledOut(BaseSampler):
             return
         ev = self._evidence(study, trial)
         why = stop_reason(
-            ev, max_trials=self.max_trials, settings=self.settings, wants_trial=False,
+            ev, space=self.prior.space, max_trials=self.max_trials, settings=self.settings,
+            wants_trial=False,
         )  # fmt: skip
         if why is not None:
             record(study, why)
@@ -304,7 +315,7 @@ def make_sampler(
     prior: Prior,
     settings: SearchSettings,
     *,
-    scope: str | None,
+    scope: Scope | None,
     seed: int,
     planner: PlannerFactory = Planner,
 ) -> BaseSampler:
@@ -314,7 +325,8 @@ def make_sampler(
     Args:
         prior: The space's predictions and fixed facts.
         settings: The search's constants.
-        scope: The run whose `error` trials count (None: every worker's, on a shared study).
+        scope: Whose `error` trials count (evidence.Scope; None: every worker's, on a shared
+            study).
         seed: The sampler's seed.
         planner: `auto`'s planner factory (the benchmark's oracle builds its own).
     """

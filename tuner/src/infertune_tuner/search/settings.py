@@ -87,8 +87,29 @@ class SearchSettings:
     max_covers: int = 2
     # A measurement within a factor 2 of a structure's target batch covers it (4 missed one).
     cover_batch_factor: float = 2.0
-    # The first 3 trials all failing with `error` (not OOM) mean the set-up is broken: stop.
+    # The first 3 trials all failing with `error` (not OOM), and no structure they share, mean
+    # the set-up is broken: stop.
     abort_after_errors: int = 3
+    # -- failures (failures.py)
+    # A priori, a configuration sits in a structure that cannot run with 10 %: 552 of 983 trials
+    # failed on the no-INT4-kernels worlds, and healthy pools fail none; spread over its groups.
+    failure_prior: float = 0.10
+    # A pair of values (AWQ at TP>1, fp8 weights with the fp8 KV cache) failing together is
+    # half as likely a priori as one value: one of the five failing forms seen is a pair.
+    pair_prior: float = 0.5
+    # A configuration of working structures fails on its own (a flaky node, a one-off crash)
+    # with 5 %.
+    isolated_failure: float = 0.05
+    # Two unrelated causes leaving the same normalised error line: 10 %.
+    same_signature: float = 0.10
+    # Below a 10 % chance to run, counting structures two failures of one signature point
+    # at, a configuration is excluded (not tried further).
+    exclude_below: float = 0.30
+    # A coverage target must be more likely than not to run: coverage asks how well a structure
+    # works, not whether it starts.
+    cover_min_runs: float = 0.5
+    # A transient failure (signatures.py) is re-run once before it counts.
+    transient_retries: int = 1
     # -- the report's grouping of untried candidates
     unlikely: float = 0.05  # "unlikely" below 5 %
     real_chance: float = 0.01  # a chance the search did not reach from 1 %
