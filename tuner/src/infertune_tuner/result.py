@@ -273,7 +273,21 @@ class Best(Record):
     headroom: list[Headroom] = Field(default_factory=list)
 
 
-UntriedKind = Literal["memory", "neighbour", "twin", "fit", "slo", "posterior", "stopped"]
+UntriedKind = Literal["memory", "neighbour", "twin", "failed", "fit", "slo", "posterior", "stopped"]
+
+
+class FailedStructure(Record):
+    """Trials that failed, by what they share (search/failures.py): a structure whose failures
+    share one signature (not tried further), an isolated failure, or a transient one (re-run)."""
+
+    kind: Literal["structure", "isolated", "transient"]
+    structure: str  # "w4a16_awq", "TP8", "fp8 + KV fp8"; a configuration label otherwise
+    signature: str  # the phase and the normalised first error line (signatures.py)
+    trials: list[int]  # the trials that failed
+    excluded: int = 0  # untried configurations not tried further because of it
+    probability: float | None = None  # that one structure explains these failures
+    # Values of the space (dimension and value) none of whose trials ran: "quantization=w4a16_awq".
+    never_ran: list[str] = Field(default_factory=list)
 
 
 class UntriedConfig(Record):
@@ -350,6 +364,8 @@ class Report(Record):
     # predicted best (search/planner.py, gaps): the search stopped (budget, timeout) before them.
     uncovered: list[str] = Field(default_factory=list)
     untried: list[UntriedGroup] = Field(default_factory=list)
+    # What could not run, and why (search/failures.py): the confidence covers the rest.
+    could_not_run: list[FailedStructure] = Field(default_factory=list)
     duration_s: float
     generated_at: str
     infertune_version: str

@@ -28,6 +28,7 @@ from infertune_tuner.result import (
     Best,
     ConfigOut,
     Excluded,
+    FailedStructure,
     Headroom,
     MeasuredConfig,
     Metrics,
@@ -47,8 +48,10 @@ from infertune_tuner.search.evidence import (
     Decision,
     Evidence,
     ExecutedTrial,
+    Scope,
     config_of,
     current_trials,
+    failure_signature,
     read,
 )
 from infertune_tuner.search.planner import gaps
@@ -62,6 +65,7 @@ from infertune_tuner.search.posterior import (
     learned_noise,
 )
 from infertune_tuner.search.settings import SearchSettings
+from infertune_tuner.space import SearchSpace
 from infertune_tuner.stop import StopKind, StopReason
 from infertune_tuner.storage import mask_url
 
@@ -212,17 +216,21 @@ def build_report(
     backend: str,
     stop: StopReason,
     duration_s: float,
-    run: str | None = None,
+    run: Scope | str | None = None,
     seed: int = 0,
+    run_id: str | None = None,
 ) -> Report:
     request, space, priors = prior.request, prior.space, prior.predictions
     executed = current_trials(study, run)
-    known = read(request, study, run, in_flight=False)  # the report: what was measured
+    known = read(  # the report: what was measured
+        request, study, run, in_flight=False, transient_retries=settings.transient_retries
+    )
     assessment = assess(known, prior, settings, seed=seed, include_in_flight=False)
     trials: list[Trial] = []
     resumed = 0  # trials an earlier run of the same study executed
     for e in executed:
-        if run is not None and e.run != run:
+        this = run_id or (run.run if isinstance(run, Scope) else run)
+        if this is not None and e.run != this:
             resumed += 1
         p = priors.get(e.config)
         trials.append(
@@ -320,10 +328,84 @@ def build_report(
         near_ties=near_ties(assessment) if claimed else [],
         uncovered=uncovered,
         untried=untried_groups(assessment, prior, settings, converged=converged),
+        # An aborted run's failures are the set-up's, not any structure's.
+        could_not_run=[]
+        if stop.kind == StopKind.ABORTED
+        else could_not_run(assessment, executed, space),
         duration_s=round(duration_s, 3),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         infertune_version=__version__,
     )
+
+
+# ------------------------------------------------------------------ what could not run
+
+
+def could_not_run(
+    a: Assessment, executed: list[ExecutedTrial], space: SearchSpace
+) -> list[FailedStructure]:
+    """The failed trials, by what they share (search/failures.py): each structure that more
+    likely than not explains two or more failures of one signature, with the configurations
+    it excluded; each other failure on its own; each transient failure that was re-run."""
+    ev, fm = a.evidence, a.failures
+    numbers: dict[TrialConfig, list[int]] = defaultdict(list)
+    for e in executed:
+        if e.measurement.status == "error":
+            numbers[e.config].append(e.number)
+    by: Counter[TrialConfig] = Counter(
+        r.by for r in a.verdicts.values()
+        if r is not None and r.exclusion == Exclusion.FAILED and r.by is not None
+    )  # fmt: skip
+    ran = [c for c, m in ev.measured.items() if m.status != "error"]
+    out: list[FailedStructure] = []
+    explained: set[TrialConfig] = set()
+    for cause in fm.causes(0.5):
+        if explained & set(cause.failed):
+            continue  # a failure is told once, under its likeliest structure
+        explained |= set(cause.failed)
+        out.append(
+            FailedStructure(
+                kind="structure", structure=cause.structure, signature=cause.signature.label(),
+                trials=sorted(n for c in cause.failed for n in numbers[c]),
+                excluded=sum(by[c] for c in cause.failed), probability=cause.probability,
+                never_ran=never_ran(cause.failed, ran, space),
+            )
+        )  # fmt: skip
+    for cfg, sig in sorted(ev.failures.items()):
+        if cfg not in explained:
+            out.append(
+                FailedStructure(
+                    kind="isolated", structure=cfg.label(), signature=sig.label(),
+                    trials=numbers[cfg], excluded=by[cfg],
+                )
+            )  # fmt: skip
+    for e in executed:
+        once = failure_signature(e.measurement)
+        if once is not None and once.is_transient and e.config not in ev.failures:
+            out.append(
+                FailedStructure(
+                    kind="transient", structure=e.config.label(), signature=once.label(),
+                    trials=[e.number],
+                )
+            )  # fmt: skip
+    return out
+
+
+def never_ran(
+    failed: tuple[TrialConfig, ...], ran: list[TrialConfig], space: SearchSpace
+) -> list[str]:
+    """The values of the space (quantization, KV cache dtype, TP) the failed configurations
+    share and no configuration that ran has: what the user asked for and could not run."""
+    out = []
+    for dim, name in (("quantization", "quantization"), ("kv_cache_dtype", "kvCacheDtype"),
+                      ("tp", "tensorParallel")):  # fmt: skip
+        values = {getattr(c, dim) for c in failed}
+        if len(values) != 1 or len({getattr(c, dim) for c in space.configs}) < 2:
+            continue
+        (value,) = values
+        if not any(getattr(c, dim) == value for c in ran):
+            out.append(f"{name}={value}")
+    return out
 
 
 # ------------------------------------------------------------------ untried configurations
@@ -334,6 +416,7 @@ _GROUP: dict[Exclusion, UntriedKind] = {
     Exclusion.KV_CAPPED: "neighbour",
     Exclusion.SLO_MISS: "neighbour",
     Exclusion.TWIN: "twin",
+    Exclusion.FAILED: "failed",
 }
 
 
@@ -345,6 +428,7 @@ def _reasons(s: SearchSettings) -> dict[UntriedKind, str]:
         ),
         "neighbour": "ruled out by a measured neighbour (out of memory, or a clear SLO miss)",
         "twin": "the performance model cannot tell it from a measured configuration",
+        "failed": "of a structure that failed to run (see what could not run)",
         "fit": f"unlikely to fit in memory (P(fit) < {s.unlikely:.0%})",
         "slo": f"unlikely to meet the SLO (P < {s.unlikely:.0%})",
         "stopped": "a real chance to beat the best, not reached before the search stopped",

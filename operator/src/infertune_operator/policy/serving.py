@@ -37,6 +37,7 @@ from infertune_operator.policy.conditions import (
 )
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.report.headroom import headroom_note
+from infertune_tuner.report.view import never_ran_note
 from infertune_tuner.result import Report
 
 # ------------------------------------------------------------------ tuning finished
@@ -81,10 +82,13 @@ def tuned_fields(report: Report, report_cm: str) -> dict[str, Any]:
 def tuned_message(report: Report) -> str:
     assert report.best is not None
     close = headroom_note(report)
+    failed = never_ran_note(report)
     return (
         f"best {report.best.config.label()}: "
         f"{report.best.metrics.output_tokens_per_s_per_gpu:.0f} tok/s/GPU, SLO met "
-        f"({report.executed_trials} trials executed)" + (f"; {close}" if close else "")
+        f"({report.executed_trials} trials executed)"
+        + (f"; {close}" if close else "")
+        + (f"; {failed}" if failed else "")
     )
 
 

@@ -42,6 +42,7 @@ from infertune_operator.policy.serving import trial_counts
 from infertune_operator.settings import Settings
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE
+from infertune_tuner.report.view import never_ran_note
 from infertune_tuner.result import Check, FloorCheck, Report, SloCheck
 
 # The spec sections whose change means "tune again"; spec.serving only re-renders.
@@ -247,6 +248,8 @@ def no_feasible_message(report: Report) -> str:
     else:
         lines.append("no configuration could be measured (all predicted not to fit in memory)")
     lines.append("to relax: " + ", ".join(_relax_hints(report)))
+    if (failed := never_ran_note(report)) is not None:
+        lines.append(failed)
     return ". ".join(lines)
 
 

@@ -127,6 +127,8 @@ def render_markdown(report: Report) -> str:
             "lower-precision quantization (raise maxAccuracyLossPercent), or a faster GPU.",
             "",
         ]
+    if v.failures:
+        lines += ["## What could not run", "", *[f"- {line}" for line in v.failures], ""]
     executed, skipped = v.rows, v.ruled_out
     lines += [
         "## Executed trials",

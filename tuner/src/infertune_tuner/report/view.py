@@ -10,7 +10,14 @@ from enum import StrEnum
 from infertune_tuner.metrics import latency_metric
 from infertune_tuner.report.headroom import headroom_line, unsettled
 from infertune_tuner.request import SloBound, TuningRequest
-from infertune_tuner.result import ConfigOut, MeasuredConfig, Metrics, Report, Trial
+from infertune_tuner.result import (
+    ConfigOut,
+    FailedStructure,
+    MeasuredConfig,
+    Metrics,
+    Report,
+    Trial,
+)
 from infertune_tuner.stop import StopKind
 
 
@@ -76,6 +83,7 @@ class View:
     track: str | None  # how often the chances the search acted on came true (track_record)
     headroom: str | None  # the room the chosen configuration leaves inside each bound
     headroom_warn: bool  # some bound is met only within run-to-run noise (headroom.unsettled)
+    failures: list[str]  # what could not run, one line per structure or failure
 
 
 def _config(c: ConfigOut) -> str:
@@ -166,7 +174,7 @@ def confidence_line(report: Report) -> str | None:
         return None
     line = (
         f"Confidence the optimum was found: {report.confidence:.1%} (the posterior probability "
-        "that no configuration beats the chosen one by more than 2 %)"
+        f"that no configuration{can_run_clause(report)} beats the chosen one by more than 2 %)"
     )
     why = confidence_gap(report)
     if why is None:
@@ -337,7 +345,46 @@ def build_view(report: Report) -> View:
         track=track_record(report),
         headroom=headroom_line(report),
         headroom_warn=bool(unsettled(report)),
+        failures=[failure_line(f) for f in report.could_not_run],
     )
+
+
+def _trials(numbers: list[int]) -> str:
+    return f"trial{'s' * (len(numbers) != 1)} {', '.join(map(str, numbers))}"
+
+
+def failure_line(f: FailedStructure) -> str:
+    """One failure group as a person reads it (the report, the CLI and the operator's
+    condition say the same)."""
+    n = len(f.trials)
+    if f.kind == "structure":
+        rest = (
+            f"not tried further ({f.excluded} untried configuration{'s' * (f.excluded != 1)} "
+            "excluded)"
+            if f.excluded
+            else "nothing else of it was left to try"
+        )
+        never = f"; none of {', '.join(f.never_ran)} ran" if f.never_ran else ""
+        return f"{f.structure}: {n} of {n} trials failed ({_trials(f.trials)}) - {f.signature}; {rest}{never}"
+    if f.kind == "isolated":
+        return (
+            f"{f.structure} failed ({_trials(f.trials)}) - {f.signature}; an isolated failure: "
+            "its structure was not excluded"
+        )
+    return f"{f.structure}: a transient failure ({_trials(f.trials)}) - {f.signature}; re-run"
+
+
+def never_ran_note(report: Report) -> str | None:
+    """What the user asked for that could not run at all (a quantization, KV cache dtype or TP
+    none of whose trials ran), as the report says it; None when everything asked for ran."""
+    lines = [failure_line(f) for f in report.could_not_run if f.kind == "structure" and f.never_ran]
+    return "could not run: " + "; ".join(lines) if lines else None
+
+
+def can_run_clause(report: Report) -> str:
+    """' that can run' when a structure was excluded because it could not run: the confidence
+    speaks of the configurations that can."""
+    return " that can run" if any(f.kind == "structure" for f in report.could_not_run) else ""
 
 
 def error_pct(predicted: float | None, measured: float | None) -> str:
