@@ -255,7 +255,9 @@ class TritonBackend:
         except (MissingCheckpoint, WeightsUnavailable) as exc:
             return Measurement.failed("error", str(exc), "downloading weights")
         except (OSError, ValueError) as exc:
-            return Measurement.failed("error", f"cannot prepare the trial: {exc}", "starting server")
+            return Measurement.failed(
+                "error", f"cannot prepare the trial: {exc}", "starting server"
+            )
         outcome = run_trial(plan)
         r = outcome.result
         if outcome.status != "ok" or r is None:

@@ -270,7 +270,9 @@ def run_trial(plan: TrialPlan) -> TrialOutcome:
         try:
             proc = ServerProcess.start(plan.command, plan.log_path, plan.env)
         except OSError as exc:
-            return TrialOutcome("error", None, f"cannot start {plan.command[0]!r}: {exc}", 0.0, "starting server")
+            return TrialOutcome(
+                "error", None, f"cannot start {plan.command[0]!r}: {exc}", 0.0, "starting server"
+            )
         try:
             outcome = asyncio.run(_drive(plan, proc, hook, held.close))
         finally:
