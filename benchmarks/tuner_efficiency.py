@@ -7,10 +7,16 @@ of ~100-300 configurations) x 8 own world families (simulated pools whose behavi
 form from the performance model: prefill stalls, all-reduce latency, FP8/INT4 gains that move
 with batch, a memory frontier elsewhere, CUDA-graph gaps, noise and outliers, and `own-model`),
 plus two families nobody here generated: `dev-synthetic` (12 simulated pools of other forms) and
-`dev-vllm` (8 tables of real vLLM measurements), replayed with seeded run-to-run noise.
+`dev-vllm` (8 tables of real vLLM measurements), replayed with seeded run-to-run noise. Scored
+only when named (`--families failing,dev-failing`), never fitted on: the worlds where whole
+structures fail to start, `failing` (the scenarios with the `mixed` physics and one failure form
+each: a quantization, the largest TP, a pair such as FP8 weights with the FP8 KV cache, batches
+above a build-time limit, or a few isolated configurations; worlds/failures.py) and
+`dev-failing` (8 development tables whose `error` rows form such structures).
 
 **Leave one family out.** The posterior's hyperprior is the only constant fitted on worlds
-(search/hyperprior.py); each family is scored with the hyperprior fitted on the other nine.
+(search/hyperprior.py); each family is scored with the hyperprior fitted on the other nine (a
+failing family without the family whose physics it has, too: `mixed`, `dev-synthetic`).
 
 The truth of a configuration is what a typical run of it shows (`WorldBackend.truth`: no run
 noise, a population-sized sample; a dev table's row). Whether a configuration whose truth lies
@@ -33,10 +39,16 @@ every trial it chose to explore, cover or probe, the chances recorded with it (r
 summed against how many truly met the SLO and truly beat the incumbent, overall, by bin of the
 stated chance and per family (`chance_outcomes`).
 
+Failures: per family with any, the failed trials of a run (status `error`; an OOM is memory, not
+counted), median and total, and where the worlds declare failing structures (Truth.failing: a
+failing world's form, the groups of a table whose rows all failed), the failed trials a run spent
+inside them (summed over the world's structures), median and p90: what learning from failures
+should bring down, beside the share of runs that reached the optimum.
+
     python benchmarks/tuner_efficiency.py [--seeds 5] [--budget 40] [--jobs 2]
-        [--samplers auto,tpe,random,grid] [--families admission,...,dev-vllm]
+        [--samplers auto,tpe,random,grid] [--families admission,...,dev-vllm,failing,dev-failing]
         [--hyperprior lofo|shipped] [--kernel-luck SD] [--run-noise SD] [--set NAME=VALUE]
-        [--oracle find|lookahead] [--verbose] [--csv FILE]
+        [--oracle find|lookahead] [--transient P] [--verbose] [--csv FILE]
 
 `--oracle MODE` scores `auto` with explorations that know the truth (oracle.py): how many of a
 family's trials are the finding, and how many the proof that choosing better barely shortens.
@@ -45,6 +57,11 @@ family's trials are the finding, and how many the proof that choosing better bar
 scored with the shipped hyperprior: every configuration of every scored world runs a fixed
 factor exp(N(0, SD)) off its neighbours (worldset.KernelLuck), or every run of it a new such
 factor off its typical run, on top of the pool's own noise (worldset.RunNoise).
+
+`--transient P` makes every trial of every scored world fail with probability P with a transient
+error (a server not ready after 1800 s, a connection reset, a node low on memory, an evicted
+pod; worlds/failures.py, Transient), drawn per world, configuration and its run count; a
+configuration's run right after such a failure does not fail so (measuring it again succeeds).
 """
 
 from __future__ import annotations
@@ -71,10 +88,12 @@ from pathlib import Path
 from typing import Any
 
 from oracle import MODES, Mode, oracle_factory
+from worlds.failures import Transient, inside
 from worldset import (
-    ALL_FAMILIES,
+    DEFAULT_FAMILIES,
     FIT_FAMILIES,
     REACH,
+    SAME_PHYSICS,
     Truth,
     World,
     truth_of,
@@ -83,6 +102,7 @@ from worldset import (
 )
 
 from infertune_tuner import slo
+from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.backends.simulated import pool_seconds
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.perfmodel.latency import Prediction
@@ -122,6 +142,10 @@ class Run:
     # Per SLO bound of the chosen configuration: the report's P(a fresh run meets it) against
     # fresh runs of it (headroom_outcomes).
     headroom: list[HeadroomOutcome] = dataclasses.field(default_factory=list)
+    failed: int = 0  # executed trials that failed with `error`
+    # ... inside the world's failing structures, summed over them (Truth.failing)
+    failed_inside: int = 0
+    structures: int = 0  # the world's failing structures (0: it declares none)
 
 
 @dataclass(frozen=True)
@@ -279,6 +303,20 @@ def _row(label: str, rows: list[Run]) -> str:
     )
 
 
+def _failure_row(label: str, rows: list[Run]) -> str:
+    share = sum(r.reached for r in rows) / len(rows)
+    failed = [r.failed for r in rows]
+    if any(r.structures for r in rows):
+        inside_ = [r.failed_inside for r in rows if r.structures]
+        structured = f"{statistics.median(inside_):>8.1f} {_p90(inside_):>5}"
+    else:
+        structured = f"{'-':>8} {'-':>5}"
+    return (
+        f"{label:14} {len(rows):>5} {share:>9.0%} {statistics.median(failed):>8.1f} "
+        f"{sum(failed):>6} {structured}"
+    )
+
+
 def gpu_minutes(report: Report, priors: dict[TrialConfig, Prediction]) -> float:
     """The GPU time a run's trials would take on the simulated pool's clock (simulated.py): per
     trial a server start, a weight load, a warm-up and the measured requests. A replayed table
@@ -306,10 +344,12 @@ def run_world(
     hyperprior: Hyperprior,
     overrides: dict[str, Any] | None = None,
     oracle: Mode | None = None,
+    transient: float = 0.0,
 ) -> list[tuple[str, Run, str]]:
     """Every sampler on one world: [(sampler, run, verbose line)]; `overrides` replace
     SearchSettings defaults (--set); `oracle` makes `auto`'s explorations know the truth
-    (oracle.py), reported as sampler `auto-oracle-MODE`."""
+    (oracle.py), reported as sampler `auto-oracle-MODE`; `transient`: the probability that a
+    trial fails with a transient error (--transient)."""
     base = world.request("auto", budget)
     space = build_space(base, base.resolve_model(), base.resolve_gpu())
     priors = prior_predictions(base, space)
@@ -320,16 +360,22 @@ def run_world(
     for sampler in samplers:
         req = world.request(sampler, budget)
         executed: list[TrialConfig] = []
+        failed: list[TrialConfig] = []
 
-        def hook(cfg, m, checks, known, executed=executed) -> None:  # type: ignore[no-untyped-def]
+        def hook(cfg, m, checks, known, executed=executed, failed=failed) -> None:  # type: ignore[no-untyped-def]
             executed.append(cfg)
+            if m.status == "error":
+                failed.append(cfg)
 
         factory: PlannerFactory = Planner
         if oracle is not None and sampler == "auto":
             factory = oracle_factory(truth, world.backend(req), oracle)
             sampler = f"auto-oracle-{oracle}"
+        backend: BenchmarkBackend = world.backend(req)
+        if transient:  # the same draws for every sampler: per world, configuration and run
+            backend = Transient(backend, transient, f"{world.family}:{world.name}:{world.seed}")
         with tempfile.TemporaryDirectory() as tmp:
-            report = tune(req, backend=world.backend(req), out_dir=Path(tmp),
+            report = tune(req, backend=backend, out_dir=Path(tmp),
                           on_trial=hook, settings=settings, planner_factory=factory)  # fmt: skip
         assert report is not None
         chosen = report.best.config.to_config() if report.best else None
@@ -363,7 +409,9 @@ def run_world(
         run = Run(world.family, world.name, world.seed, reached, strict,
                   report.executed_trials, wide, confidence, share, surprised, found_at,
                   gpu_minutes(report, priors), chance_outcomes(report, truth, settings.improvement),
-                  headroom_outcomes(report, world, req) if req.tuning.sampler == "auto" else [])  # fmt: skip
+                  headroom_outcomes(report, world, req) if req.tuning.sampler == "auto" else [],
+                  len(failed), sum(inside(truth.failing, c) for c in failed),
+                  len(truth.failing))  # fmt: skip
         out.append((sampler, run, line))
     return out
 
@@ -371,11 +419,13 @@ def run_world(
 def _lofo(
     family: str, truths: list[Truth], worlds_: list[World], fit_families: list[str]
 ) -> tuple[str, Hyperprior]:
-    """The hyperprior fitted on the fit families' worlds, `family` left out."""
+    """The hyperprior fitted on the fit families' worlds, `family` left out (and the family
+    whose physics it has: worldset.SAME_PHYSICS)."""
+    out = (family, SAME_PHYSICS.get(family))
     fields = [
         f
         for t, w in zip(truths, worlds_, strict=True)
-        if w.family != family and w.family in fit_families
+        if w.family not in out and w.family in fit_families
         for f in t.fields
     ]
     return family, fit_hyperprior(fields, f"leave-one-family-out: all but {family}")
@@ -409,10 +459,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--samplers", default="auto,tpe,random,grid")
-    ap.add_argument("--families", default=",".join(ALL_FAMILIES))
+    ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+                    help="comma-separated world families (default: all but the failing ones, "
+                         "failing and dev-failing, which are scored when named)")  # fmt: skip
     ap.add_argument("--fit-families", default=",".join(FIT_FAMILIES),
                     help="families the leave-one-family-out hyperpriors are fitted on (never "
-                         "the held-out real-GPU worlds)")  # fmt: skip
+                         "the held-out real-GPU and failing worlds)")  # fmt: skip
     ap.add_argument("--hyperprior", choices=("lofo", "shipped"), default="lofo")
     ap.add_argument("--scenarios", default="", help="comma-separated scenario indexes")
     ap.add_argument("--jobs", type=int, default=1, help="worlds run in parallel processes")
@@ -436,6 +488,11 @@ def main() -> None:
                     help="score `auto` with explorations that know the truth (oracle.py): "
                          "`find` measures the optimum first, `lookahead` also chooses the "
                          "proof's trials by their actual outcome; everything else is `auto`'s")  # fmt: skip
+    ap.add_argument("--transient", type=float, default=0.0, metavar="P",
+                    help="every trial of every scored world fails with probability P with a "
+                         "transient error (server not ready, connection reset, node low on "
+                         "memory, pod evicted) that its configuration's next run does not "
+                         "repeat (worlds/failures.py, Transient)")  # fmt: skip
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--csv", type=Path, help="write every run's outcome here")
     ap.add_argument("--cache", type=Path,
@@ -451,6 +508,8 @@ def main() -> None:
                  "--hyperprior shipped")  # fmt: skip
     if args.own_roughness and args.kernel_luck:
         ap.error("--own-roughness and --kernel-luck are both per-configuration luck: use one")
+    if not 0.0 <= args.transient < 1.0:
+        ap.error("--transient is a probability: at least 0, below 1")
     rough = args.own_roughness
     scored = worlds(families, args.seeds, scenarios, args.kernel_luck, args.run_noise, rough)
     fit_families = args.fit_families.split(",") if args.hyperprior == "lofo" else []
@@ -489,6 +548,7 @@ def main() -> None:
                 priors[w.family],
                 dict(args.set),
                 args.oracle,
+                args.transient,
             )
             for w, t in zip(scored, truths[: len(scored)], strict=True)
         ]
@@ -503,6 +563,7 @@ def main() -> None:
     luck += f"; run noise sd {args.run_noise:g}" if args.run_noise else ""
     luck += "".join(f"; {k}={v}" for k, v in args.set)
     luck += f"; oracle: {args.oracle}" if args.oracle else ""
+    luck += f"; transient failures p {args.transient:g}" if args.transient else ""
     print(f"{len(scored)} worlds per sampler ({', '.join(families)}; {args.seeds} seeds{luck}); "
           f"hyperprior: {args.hyperprior}; budget {args.budget}; "
           f"{time.perf_counter() - started:.0f} s")  # fmt: skip
@@ -528,6 +589,17 @@ def main() -> None:
             print(_row("model >=2x off", surprised))
             print("  (runs that measured a configuration whose tok/s/GPU was at least 2x off the "
                   "model's prediction, every family)")  # fmt: skip
+        failing = [f for f in families if any(r.failed or r.structures for r in rows
+                                               if r.family == f)]  # fmt: skip
+        if failing:
+            print(f"\n[{sampler}]  failures: failed = failed trials per run (status error; "
+                  "an OOM is memory, not counted), median, and their total; inside = failed "
+                  "trials a run spent inside the world's failing structures (summed over them), "
+                  "median and p90 ('-': its worlds declare none)")  # fmt: skip
+            print(f"{'':14} {'runs':>5} {'>=98% opt':>9} {'failed':>8} {'total':>6} "
+                  f"{'inside':>8} {'p90':>5}")  # fmt: skip
+            for family in failing:
+                print(_failure_row(family, [r for r in rows if r.family == family]))
         chance_rows = _chance_lines("all", rows, long_shot)
         if chance_rows:
             print(f"\n[{sampler}]  the chances it acted on: every trial chosen to explore, cover "

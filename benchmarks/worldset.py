@@ -1,6 +1,6 @@
 """The worlds the tuner benchmark scores against and the hyperprior is fitted on.
 
-Two sources:
+The sources:
 
 - **own families** (`benchmarks/worlds/`): 12 scenarios (7 GPUs, 7 models, TTFT/ITL/
   E2E bounds at p50/p95/p99, spaces of 108-264 configurations) x 8 world families, each a
@@ -12,6 +12,13 @@ Two sources:
   real GPU through a real tritonserver (benchmarks/gpu_world.py), held out of every fit. A table
   holds one typical run per configuration; the benchmark replays it with seeded run-to-run noise
   (`NoisyReplay`), each seed a new set of runs, and scores against the table itself.
+- **failing worlds**, where whole structures of the space fail to start: `failing` (the 12
+  scenarios with the `mixed` physics and one failure form each, worlds/failures.py) and
+  `dev-failing` (8 tables of the development set whose `error` rows are a quantization, a TP
+  size, a pair, large batches or a few isolated configurations). Held out of every fit: their
+  physics is another family's, and a configuration that fails has no truth to fit. Each world
+  declares its failing structures (`Pool.failing`, `Truth.failing`): a table's are derived from
+  its rows (failures.structures_of).
 
 `truth_of` gives a world's truth (what a typical run of every configuration shows, the
 resolution zone near SLO bounds, the optimum) and its residual fields (log truth / prediction per
@@ -30,7 +37,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from worlds import FAMILIES, WorldBackend
+from worlds import FAILING, FAMILIES, WorldBackend
+from worlds.failures import Structure, structures_of
 
 from infertune_tuner import slo as slo_mod
 from infertune_tuner.backends.base import BenchmarkBackend
@@ -60,12 +68,21 @@ TABLE_FAMILIES = {
     "dev-synthetic": (DEV_WORLDS, "synthetic"),
     "dev-vllm": (DEV_WORLDS, "vllm"),
     "real-gpu": (REAL_WORLDS, ""),
+    "dev-failing": (DEV_WORLDS, "failing"),
 }
 DEV_FAMILIES = tuple(TABLE_FAMILIES)
-ALL_FAMILIES = (*FAMILIES, *DEV_FAMILIES)
+OWN_FAMILIES = (*FAMILIES, FAILING)  # simulated pools over the scenarios
+ALL_FAMILIES = (*OWN_FAMILIES, *DEV_FAMILIES)
+# Worlds where whole structures fail to start; the family whose physics each has (scored with
+# the hyperprior fitted without it too, so no family is scored on its own physics).
+FAILING_FAMILIES = (FAILING, "dev-failing")
+SAME_PHYSICS = {FAILING: "mixed", "dev-failing": "dev-synthetic"}
 # Scored, never fitted on: no hyperprior (shipped or leave-one-family-out) sees these worlds.
-HELD_OUT_FAMILIES = ("real-gpu",)
+HELD_OUT_FAMILIES = ("real-gpu", *FAILING_FAMILIES)
 FIT_FAMILIES = tuple(f for f in ALL_FAMILIES if f not in HELD_OUT_FAMILIES)
+# What the benchmark scores unless told: the failing families only when asked for (they
+# measure learning from failures; the published figures are of the others).
+DEFAULT_FAMILIES = tuple(f for f in ALL_FAMILIES if f not in FAILING_FAMILIES)
 B11 = [1, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 B12 = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 SLO_TOLERANCE = 0.02  # a chosen configuration may miss a bound by this much in truth
@@ -147,8 +164,11 @@ def _rng(*parts: object) -> np.random.Generator:
 
 class Pool(BenchmarkBackend, Protocol):
     """A benchmark pool that also knows its truth: what a typical run of a configuration shows
-    (no run noise). Every pool of a world is one (WorldBackend, NoisyReplay, and the stress forms
-    around them)."""
+    (no run noise), and its failing structures (none in most worlds). Every pool of a world is
+    one (WorldBackend, NoisyReplay, and the stress forms around them)."""
+
+    @property
+    def failing(self) -> tuple[Structure, ...]: ...
 
     def truth(self, config: TrialConfig) -> Measurement: ...
 
@@ -161,6 +181,7 @@ class NoisyReplay:
         self.name = f"replay:{world}"
         self.speedup = 1.0  # recorded measurements: the GPU's own clock
         self._table, self._world, self._seed = table, world, seed
+        self.failing = structures_of(table)  # a table says only `error`: its groups do
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         return self.jitter(config, self._rng(config, repeat))
@@ -215,6 +236,7 @@ class KernelLuck:
         self.inner, self.sd, self.world = inner, sd, world
         self.name = inner.name
         self.speedup = inner.speedup
+        self.failing = inner.failing
 
     def factor(self, config: TrialConfig) -> float:
         return math.exp(float(_rng("luck", self.world, config.label()).normal(0, self.sd)))
@@ -240,6 +262,7 @@ class RunNoise:
         self.inner, self.sd, self.world = inner, sd, world
         self.name = inner.name
         self.speedup = inner.speedup
+        self.failing = inner.failing
 
     def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
         f = math.exp(float(_rng("run", self.world, config.label(), repeat).normal(0, self.sd)))
@@ -297,7 +320,7 @@ def worlds(
         raise ValueError("luck and own_roughness are both per-configuration luck: give one")
     out = []
     for fam in families:
-        if fam in FAMILIES:
+        if fam in OWN_FAMILIES:
             own_luck = luck or own_roughness
             for i in scenarios if scenarios is not None else range(len(SCENARIOS)):
                 sc = SCENARIOS[i]
@@ -324,6 +347,7 @@ class Truth:
     margin: dict[TrialConfig, float]  # true worst relative margin over the bounds (>0 = meets)
     tps: dict[TrialConfig, float]
     fields: list[Field] = field(default_factory=list)
+    failing: tuple[Structure, ...] = ()  # the world's failing structures (Pool.failing)
 
     def value(self, cfg: TrialConfig | None) -> tuple[float, bool, bool]:
         """True tok/s/GPU of `cfg`, whether it truly meets every bound within its zone, and
@@ -353,7 +377,7 @@ def truth_of(world: World) -> Truth:
     request = world.request()
     pool = world.backend(request)
     probe = world.backend(request)
-    t = Truth(0.0, 0.0, {}, {}, {})
+    t = Truth(0.0, 0.0, {}, {}, {}, failing=pool.failing)
     space = build_space(request, request.resolve_model(), request.resolve_gpu())
     priors = prior_predictions(request, space)
     rows: dict[str, list[tuple[np.ndarray, float]]] = {}

@@ -7,10 +7,21 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from infertune_operator.cli import app
+from infertune_tuner import replay_export
+from infertune_tuner.backends.replay import COLUMNS, load_table, write_table
+from infertune_tuner.backends.simulated import SimulatedBackend
+from infertune_tuner.config import TrialConfig
+from infertune_tuner.errors import InputError
+from infertune_tuner.measurement import Measurement
+from infertune_tuner.replay_export import export
+from infertune_tuner.run import tune, write_report
+
+from .helpers import request
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "examples" / "replay"
@@ -141,3 +152,99 @@ def test_what_cannot_be_exported_is_said(tmp_path: Path) -> None:
     code, _, stderr = _invoke("export-replay", out)
     assert code == 2 and "no trial measured anything; there is nothing to replay" in stderr
     assert "Traceback" not in stderr
+
+
+NCCL = "NCCL error in: /src/nccl/init.cc:1234, unhandled system error (run with NCCL_DEBUG=INFO for details)"
+
+
+class _Tp8Fails:
+    """The simulated pool where every TP 8 configuration fails at load, as NCCL does."""
+
+    name = "tp8-fails"
+    speedup = 1.0
+
+    def __init__(self, req) -> None:  # type: ignore[no-untyped-def]
+        self.inner = SimulatedBackend(req, seed=0)
+
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
+        if config.tp == 8:
+            return Measurement.failed("error", NCCL, "loading model")
+        return self.inner.run(config, repeat=repeat)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_reason_with_commas_quotes_and_line_breaks_round_trips(tmp_path: Path) -> None:
+    reason = 'Traceback:\n  File "x.py", line 3\nRuntimeError: max_batch_size 256, "limit" 128\r\n'
+    cfg, other = TrialConfig(2, 64, "fp8", "fp8"), TrialConfig(4, 8, "bf16", "auto")
+    table = tmp_path / "t.csv"
+    write_table(table, {
+        cfg: Measurement.failed("error", reason, "loading model"),
+        other: Measurement.failed("oom", "CUDA out of memory"),
+        TrialConfig(8, 8, "fp8", "auto"): Measurement.failed("error", ""),
+    })  # fmt: skip
+    back = load_table(table)
+    assert back[cfg] == Measurement.failed("error", reason, "loading model")
+    assert back[other] == Measurement.failed("oom", "CUDA out of memory")
+    # No reason recorded: what the table says, as before the column existed.
+    assert back[TrialConfig(8, 8, "fp8", "auto")].reason == "recorded as error in t.csv"
+
+
+def test_a_table_without_the_reason_columns_replays_as_before(tmp_path: Path) -> None:
+    table = tmp_path / "old.csv"
+    table.write_text(",".join(COLUMNS) + "\n1,8,bf16,auto,error" + "," * 10 + "\n")
+    m = load_table(table)[TrialConfig(1, 8, "bf16", "auto")]
+    assert m == Measurement.failed("error", "recorded as error in old.csv")
+
+
+def test_a_bad_phase_is_named_by_file_line_and_column(tmp_path: Path) -> None:
+    table = tmp_path / "t.csv"
+    lead = "1,8,bf16,auto,error" + "," * 10 + ",,"  # through output_tokens_mean
+    table.write_text(
+        ",".join([*COLUMNS, "concurrency", "output_tokens_mean", "reason", "phase"]) + "\n"
+        f'{lead},"one, two\nthree ""quoted""",compiling\n'
+    )
+    with pytest.raises(InputError) as err:
+        load_table(table)
+    # The reason spans lines 2-3: the phase cell starts on line 3, after `three "quoted"",`.
+    assert str(err.value).startswith(f"{table}:3:19: phase: 'compiling' is not one of ")
+    assert "loading model" in str(err.value)
+
+
+def test_an_export_keeps_what_failed_with_its_reason_and_phase(tmp_path: Path) -> None:
+    req = request(tps=[4, 8], batches=[16, 64], quants=["fp8"], sampler="grid", max_trials=8)
+    report = tune(req, backend=_Tp8Fails(req), out_dir=tmp_path / "run")
+    write_report(report, tmp_path / "run")
+    for source in ("report.json", "study.journal"):
+        found = export(tmp_path / "run" / source, tmp_path / f"{source}.csv")
+        rows = load_table(tmp_path / f"{source}.csv")
+        failed = {c: m for c, m in rows.items() if m.status == "error"}
+        assert failed and all(c.tp == 8 for c in failed), source
+        assert all(m == Measurement.failed("error", NCCL, "loading model") for m in failed.values())
+        assert all(m.status in ("ok", "oom") for c, m in rows.items() if c.tp == 4)
+        assert f"{len(failed)} failed) from" in found.summary()
+
+
+def test_what_an_export_leaves_out_of_a_failed_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A configuration that ran keeps its measured row; one that failed only transiently is left
+    out (its next run may succeed); otherwise its last failure that says something is kept."""
+    monkeypatch.setattr(replay_export, "is_transient", lambda m: "not ready" in (m.reason or ""))
+    ok = Measurement.ok({}, output_tokens_per_s_per_gpu=900.0)
+    kernel = Measurement.failed("error", "illegal memory access", "measuring")
+    slow = Measurement.failed("error", "the server was not ready after 1800 s", "loading model")
+    a, b, c = (
+        TrialConfig(1, 8, "fp8", "auto"),
+        TrialConfig(2, 8, "fp8", "auto"),
+        TrialConfig(4, 8, "fp8", "auto"),
+    )
+    out = replay_export.Export(Path("x"))
+    out.add_all({a: [kernel, ok], b: [slow], c: [kernel, slow]})
+    assert out.rows == {a: ok, c: kernel}
+    assert out.left_out == {"error": 1, "transient error": 2}
+    assert out.summary() == (
+        "2 configurations (1 measured, 0 out of memory, 1 failed) from x; left out trials: "
+        "1 error, 2 transient error"
+    )

@@ -3,6 +3,7 @@ model: each family's effect is there."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -13,16 +14,22 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from worlds import FAMILIES, WorldBackend, physics  # noqa: E402
+from worlds import FAILING, FAMILIES, WorldBackend, physics  # noqa: E402
 from worlds.closed_loop import run_loop  # noqa: E402
+from worlds.failures import FORMS, TRANSIENT, Transient, structures_of  # noqa: E402
 from worlds.families import CAPTURED_BATCHES, knobs_for  # noqa: E402
+from worldset import DEV_WORLDS as DEV  # noqa: E402
+from worldset import SCENARIOS, World, scenario_request, truth_of  # noqa: E402
 
+from infertune_tuner.backends.replay import load_table  # noqa: E402
 from infertune_tuner.catalog.gpus import get_gpu  # noqa: E402
 from infertune_tuner.catalog.llms import get_model  # noqa: E402
 from infertune_tuner.config import TrialConfig  # noqa: E402
 from infertune_tuner.errors import InputError  # noqa: E402
+from infertune_tuner.measurement import Measurement  # noqa: E402
 from infertune_tuner.metrics import ITL, TTFT  # noqa: E402
 from infertune_tuner.run import tune  # noqa: E402
+from infertune_tuner.space import build_space  # noqa: E402
 
 from .helpers import request  # noqa: E402
 
@@ -126,3 +133,68 @@ def test_a_world_tunes_end_to_end_as_a_backend_instance(tmp_path: Path) -> None:
     report = tune(req, backend=WorldBackend(req, "mixed"), out_dir=tmp_path)
     assert report is not None and report.backend == "world:mixed"
     assert report.best is not None and report.executed_trials <= 20
+
+
+def test_a_failing_world_fails_exactly_inside_its_structures_and_its_optimum_runs() -> None:
+    """Each failing world is the mixed one with one failure form: every configuration inside its
+    failing structures fails, with a real error line and phase, and nothing else does; its true
+    optimum is a configuration that runs. Five scenarios (seed 0) draw the five forms."""
+    kinds = set()
+    for i in (0, 1, 2, 5, 8):
+        sc = SCENARIOS[i]
+        req = scenario_request(sc, "auto", 0, 40)
+        world, mixed = WorldBackend(req, FAILING, seed=0), WorldBackend(req, "mixed", seed=0)
+        kinds.add(world.form.kind)
+        assert world.failing, sc[0]
+        space = build_space(req, req.resolve_model(), req.resolve_gpu())
+        failing = [c for c in space.configs if any(s.contains(c) for s in world.failing)]
+        assert 0 < len(failing) < len(space.configs), sc[0]
+        for n, cfg in enumerate(space.configs):
+            truth = world.truth(cfg)
+            if cfg in failing:
+                run = world.run(cfg, repeat=2)
+                assert truth.status == run.status == "error" and truth.reason and truth.phase
+                assert run == truth, "a structure fails the same way every run"
+            elif n % 4 == 0:  # elsewhere (a sample) it is the mixed world
+                assert truth == mixed.truth(cfg) and truth.status != "error"
+        t = truth_of(World(FAILING, sc[0], 0, sc))
+        assert t.failing == world.failing
+        best = max((c for c in t.margin if t.margin[c] >= t.zone[c]), key=lambda c: t.tps[c])
+        assert best not in failing and t.optimum == t.tps[best] > 0
+        assert world.run(best).status == "ok"
+    assert kinds == set(FORMS)
+
+
+def test_a_table_names_its_failing_structures() -> None:
+    def of(name: str) -> list[str]:
+        return [s.label() for s in structures_of(load_table(DEV / f"{name}.csv"))]
+
+    assert of("failing-00") == ["w4a16_awq"]
+    assert of("failing-03") == ["batch >= 128"]
+    assert of("failing-04") == ["w4a16_awq + TP 2", "w4a16_awq + TP 4", "w4a16_awq + TP 8"]
+    assert of("failing-06") == [  # isolated: each its own
+        "tp2/bs64/fp8/kv-auto", "tp4/bs8/w4a16_awq/kv-auto", "tp8/bs192/fp8/kv-auto",
+    ]  # fmt: skip
+    assert of("failing-07") == ["KV fp8"]
+    assert of("synthetic-00") == []
+
+
+def test_a_transient_failure_does_not_repeat_on_the_configurations_next_run() -> None:
+    req = request()
+    configs = [TrialConfig(tp, b, "fp8", "auto") for tp in (2, 4, 8) for b in (16, 64, 128)]
+
+    def runs() -> list[list[Measurement]]:
+        pool = Transient(WorldBackend(req, "mixed", seed=0), 0.5, "world")
+        return [[pool.run(c, repeat=r) for r in range(6)] for c in configs]
+
+    first = runs()
+    assert first == runs(), "deterministic per world and order of runs"
+    transient = {reason for reason, _ in TRANSIENT}
+    failed = 0
+    for seq in first:
+        for before, after in itertools.pairwise(seq):
+            if before.reason in transient:
+                assert before.status == "error" and before.phase is not None
+                assert after.status == "ok", "the next run of the configuration succeeds"
+        failed += sum(m.reason in transient for m in seq)
+    assert 6 <= failed <= 27  # about p = 0.5 of the runs that may fail (54 runs)

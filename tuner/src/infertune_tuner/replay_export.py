@@ -8,10 +8,17 @@ exactly as it was measured, without a GPU.
 The source is a report (``report.json``, also what ``infertune report NAME`` fetches from a
 cluster), an output folder (its ``report.json``, else its study journal), or a study journal.
 One row per measured configuration: its repeats combined as the search combined them (the
-typical run, ``search.evidence.combine``), an out-of-memory in any repeat as ``oom``. Left out,
-and counted: failed trials (an error says nothing about the configuration; replaying a
-configuration that is not in the table is a failed trial anyway), invalid ones (measurements
-that cannot be true: search/evidence.py, judge) and interrupted ones (nothing measured).
+typical run, ``search.evidence.combine``), an out-of-memory in any repeat as ``oom``. A
+configuration whose every trial failed with ``error`` is an ``error`` row carrying the reason
+and phase of its last failure: a structure that does not run (a kernel missing for a
+quantization, a TP size whose start fails) fails the same way when replayed, with the same
+signature. Left out, and counted: failed trials of a configuration that also ran (its row says
+what it does), transient failures (a server not ready in time, an evicted pod, a lost
+connection: they say nothing about the configuration, and its next run may well succeed; a
+configuration that failed only so is left out, and replaying it is a failed trial "not in
+table" anyway), invalid ones (measurements that cannot be true: search/evidence.py, judge),
+those that failed otherwise (an error mixed with invalid runs) and interrupted ones (nothing
+measured).
 """
 
 from __future__ import annotations
@@ -35,7 +42,16 @@ from infertune_tuner.result import MeasuredConfig, Report, Trial
 from infertune_tuner.search.evidence import combine, executed_trials
 from infertune_tuner.study_folder import REPORT_JSON
 
-KEPT = ("ok", "oom")  # measurement statuses a replay table holds
+KEPT = ("ok", "oom")  # measurement statuses a replay table holds as measured
+TRANSIENT = "transient error"  # how left-out transient failures are counted
+
+
+def is_transient(m: Measurement) -> bool:
+    """Whether a failed trial's failure is transient: it says nothing about the configuration
+    (a server not ready in time, a lost connection, an evicted pod)."""
+    # TODO(signatures): return signature(m.reason, m.phase).is_transient, from the failure
+    # signature table (infertune_tuner.signatures), once it is there.
+    return False
 
 
 @dataclass
@@ -46,20 +62,42 @@ class Export:
     rows: dict[TrialConfig, Measurement] = field(default_factory=dict)
     left_out: Counter[str] = field(default_factory=Counter)  # status -> trials
 
-    def add(self, runs: dict[TrialConfig, list[Measurement]]) -> None:
+    def add(
+        self, cfg: TrialConfig, runs: list[Measurement], typical: Measurement | None = None
+    ) -> None:
+        """One configuration's trials, in order; `typical`: their typical run where the source
+        states it (a report's `measured`), else they are combined here."""
+        kept = [m for m in runs if m.status in KEPT]
+        lasting = [m for m in runs if m.status == "error" and not is_transient(m)]
+        left = [m for m in runs if m.status not in KEPT]
+        if typical is not None and typical.status in KEPT:
+            self.rows[cfg] = typical
+        elif kept:
+            self.rows[cfg] = combine(kept)
+        elif lasting and all(m.status == "error" for m in runs):
+            last = lasting[-1]  # the row replays the last failure that says something
+            self.rows[cfg] = Measurement.failed("error", last.reason or "", last.phase)
+            left = [m for m in runs if is_transient(m)]
+        self.left_out.update(
+            TRANSIENT if m.status == "error" and is_transient(m) else m.status for m in left
+        )
+
+    def add_all(self, runs: dict[TrialConfig, list[Measurement]]) -> None:
         for cfg, ms in runs.items():
-            kept = [m for m in ms if m.status in KEPT]
-            self.left_out.update(m.status for m in ms if m.status not in KEPT)
-            if kept:
-                self.rows[cfg] = combine(kept)
-        self.left_out = +self.left_out  # drop zero counts
+            self.add(cfg, ms)
+
+    @property
+    def measured(self) -> bool:
+        """Whether any configuration ran (a table of failures alone replays nothing)."""
+        return any(m.status in KEPT for m in self.rows.values())
 
     def summary(self) -> str:
-        oom = sum(1 for m in self.rows.values() if m.status == "oom")
-        left = ", ".join(f"{n} {status}" for status, n in sorted(self.left_out.items()))
+        count = Counter(m.status for m in self.rows.values())
+        left = ", ".join(f"{n} {status}" for status, n in sorted((+self.left_out).items()))
         return (
-            f"{len(self.rows)} configurations ({len(self.rows) - oom} measured, {oom} out of "
-            f"memory) from {self.source}" + (f"; left out trials: {left}" if left else "")
+            f"{len(self.rows)} configurations ({count['ok']} measured, {count['oom']} out of "
+            f"memory, {count['error']} failed) from {self.source}"
+            + (f"; left out trials: {left}" if left else "")
         )
 
 
@@ -73,20 +111,25 @@ def _measurement(row: Trial | MeasuredConfig) -> Measurement:
             concurrency=row.concurrency if isinstance(row, MeasuredConfig) else None,
         )
     status = {"oom": "oom", "invalid": "invalid"}.get(row.state, "error")
-    return Measurement.failed(status, row.state)  # type: ignore[arg-type]
+    reason = row.reason if isinstance(row, Trial) and row.reason else row.state
+    phase = row.phase if isinstance(row, Trial) else None
+    return Measurement.failed(status, reason, phase)  # type: ignore[arg-type]
 
 
 def from_report(report: Report, source: Path) -> Export:
     out = Export(source)
     out.left_out["interrupted"] += sum(1 for t in report.trials if t.state == "interrupted")
+    trials = {t.number: t for t in report.trials if t.executed}
     if report.measured:  # each configuration's typical run, as the search combined it
-        out.add({c.config.to_config(): [_measurement(c)] * len(c.trials) for c in report.measured})
+        for c in report.measured:
+            typical = _measurement(c)
+            ms = [_measurement(trials[n]) for n in c.trials if n in trials]
+            out.add(c.config.to_config(), ms or [typical], typical)
         return out
     runs: dict[TrialConfig, list[Measurement]] = {}  # a report written before `measured`
-    for t in report.trials:
-        if t.executed:
-            runs.setdefault(t.config.to_config(), []).append(_measurement(t))
-    out.add(runs)
+    for t in trials.values():
+        runs.setdefault(t.config.to_config(), []).append(_measurement(t))
+    out.add_all(runs)
     return out
 
 
@@ -107,7 +150,7 @@ def from_journal(path: Path) -> Export:
     runs: dict[TrialConfig, list[Measurement]] = {}
     for e in executed_trials(study):
         runs.setdefault(e.config, []).append(e.measurement)
-    out.add(runs)
+    out.add_all(runs)
     return out
 
 
@@ -136,7 +179,7 @@ def load(source: Path) -> Export:
 def export(source: Path, table: Path) -> Export:
     """Write the replay table of `source` to `table`; returns what was exported."""
     found = load(source)
-    if not found.rows:
+    if not found.measured:
         raise InputError(f"{source}: no trial measured anything; there is nothing to replay")
     write_table(table, found.rows)
     return found

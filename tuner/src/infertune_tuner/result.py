@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.measurement import TrialPhase
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
 from infertune_tuner.perfmodel.factors import DEFAULT_STACK
 from infertune_tuner.perfmodel.latency import Percentiles, Prediction
@@ -237,6 +238,7 @@ class Trial(Record):
     metrics: Metrics | None = None
     predicted: Predicted | None = None
     reason: str | None = None
+    phase: TrialPhase | None = None  # the phase a failed trial died in (None: unknown)
     slo_checks: list[Check] = Field(default_factory=list)
     duration_s: float | None = None
     # probe | explore | cover | confirm (report/view.py PURPOSES says what each means)

@@ -243,6 +243,7 @@ def build_report(
                 metrics=trial_metrics(e.measurement),
                 predicted=Predicted.of(p) if p else None,
                 reason=e.measurement.reason,
+                phase=e.measurement.phase if e.measurement.status != "ok" else None,
                 slo_checks=e.checks,
                 duration_s=round(e.measurement.duration_s, 3) or None,
                 purpose=e.purpose,

@@ -11,19 +11,28 @@ column holds the most requests seen decoding at once (below max_batch_size when 
 capped it); an optional `output_tokens_mean` column the mean output length of the responses (a
 row well short of the requested length is judged invalid by the search: see
 search/evidence.py, judge).
+
+Why a failed row failed: an optional `reason` column (free text, the server's error line or log
+tail; CSV-quoted where it holds commas, quotes or line breaks) and an optional `phase` column
+(the trial phase it died in: downloading weights, starting server, loading model, warm-up or
+measuring). An `oom` or `error` row with a reason replays as that failure, reason and phase,
+which is what a failure's signature is made of; without one it replays as "recorded as error
+in FILE". Both are empty on `ok` rows.
 """
 
 from __future__ import annotations
 
 import codecs
 import csv
+import io
 import itertools
 import math
 from pathlib import Path
+from typing import get_args
 
 from infertune_tuner.config import KV_CACHE_DTYPE_VALUES, QUANTIZATION_VALUES, TrialConfig
 from infertune_tuner.errors import InputError
-from infertune_tuner.measurement import Measurement
+from infertune_tuner.measurement import Measurement, TrialPhase
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, PERCENTILES, LatencyMetric
 from infertune_tuner.perfmodel.latency import Percentiles
 
@@ -33,6 +42,25 @@ METRIC_COLUMNS = (
 )
 COLUMNS = ("tp", "max_batch_size", "quantization", "kv_cache_dtype", "status", *METRIC_COLUMNS)
 OUTPUT_MEAN = "output_tokens_mean"  # optional, as "concurrency"
+REASON, PHASE = "reason", "phase"  # optional: why a failed row failed, and in which phase
+PHASES: tuple[str, ...] = get_args(TrialPhase)
+
+
+def _cell_starts(raw: str) -> list[tuple[int, int]]:
+    """Where each cell of one CSV record begins: (lines after the record's first, column),
+    columns counting characters from 1 as editors do; quoted cells may hold commas and line
+    breaks."""
+    starts, line, col, quoted = [(0, 1)], 0, 1, False
+    for i, ch in enumerate(raw):
+        if ch == '"':
+            quoted = not quoted  # an escaped quote ("") toggles twice
+        elif ch == "," and not quoted:
+            starts.append((line, col + 1))
+        if ch == "\n" or (ch == "\r" and raw[i + 1 : i + 2] != "\n"):
+            line, col = line + 1, 1
+        elif ch != "\r":
+            col += 1
+    return starts
 
 
 class _Cells:
@@ -42,15 +70,13 @@ class _Cells:
     def __init__(self, path: Path, line: int, raw: str, header: list[str], cells: list[str]):
         self.path, self.line = path, line
         self.values = dict(zip(header, cells, strict=False))
-        self.offsets: dict[str, int] = {}
-        pos = 1
-        for name, cell in zip(header, raw.split(","), strict=False):
-            self.offsets.setdefault(name, pos)
-            pos += len(cell) + 1
+        self.offsets: dict[str, tuple[int, int]] = {}
+        for name, start in zip(header, _cell_starts(raw), strict=False):
+            self.offsets.setdefault(name, start)
 
     def where(self, column: str | None = None) -> str:
-        col = self.offsets.get(column, 1) if column else 1
-        return f"{self.path}:{self.line}:{col}"
+        lines, col = self.offsets.get(column, (0, 1)) if column else (0, 1)
+        return f"{self.path}:{self.line + lines}:{col}"
 
     def fail(self, column: str, message: str) -> InputError:
         return InputError(f"{self.where(column)}: {column}: {message}")
@@ -120,7 +146,8 @@ def _text(path: Path) -> str:
 
 
 def load_table(path: Path) -> dict[TrialConfig, Measurement]:
-    lines = _text(path).splitlines()
+    # Lines as the csv module splits them, ends kept: a quoted cell may span several.
+    lines = io.StringIO(_text(path), newline="").readlines()
     reader = csv.reader(lines)
     try:
         header = [h.strip() for h in next(reader, [])]
@@ -128,11 +155,13 @@ def load_table(path: Path) -> dict[TrialConfig, Measurement]:
         if missing:
             raise InputError(f"{path}:1: missing columns {', '.join(missing)}")
         table: dict[TrialConfig, Measurement] = {}
+        first = reader.line_num + 1  # the line the next record starts on
         for cells in reader:
+            line, first = first, reader.line_num + 1
             if not any(c.strip() for c in cells):
                 continue  # a blank line
-            line = reader.line_num
-            row = _Cells(path, line, lines[line - 1], header, cells)
+            raw = "".join(lines[line - 1 : reader.line_num])
+            row = _Cells(path, line, raw, header, cells)
             cfg, m = _row(row)
             if cfg in table:
                 raise InputError(f"{row.where()}: {cfg.label()} appears twice")
@@ -149,8 +178,12 @@ def _row(row: _Cells) -> tuple[TrialConfig, Measurement]:
         row.choice("kv_cache_dtype", KV_CACHE_DTYPE_VALUES),
     )  # fmt: skip
     status = row.choice("status", ("ok", "oom", "error"))
+    phase = row.choice(PHASE, PHASES) if row.text(PHASE) else None
     if status != "ok":
-        return cfg, Measurement.failed(status, f"recorded as {status} in {row.path.name}")  # type: ignore[arg-type]
+        reason = row.values.get(REASON) or ""  # as recorded: a log tail keeps its line breaks
+        if not reason.strip():
+            reason = f"recorded as {status} in {row.path.name}"
+        return cfg, Measurement.failed(status, reason, phase)  # type: ignore[arg-type]
     concurrency = row.number("concurrency") if row.text("concurrency") else None
     mean = row.number(OUTPUT_MEAN) if row.text(OUTPUT_MEAN) else None
     return cfg, Measurement.ok(
@@ -181,10 +214,11 @@ class ReplayBackend:
 
 
 def write_table(path: Path, rows: dict[TrialConfig, Measurement]) -> None:
-    """Write measurements in the replay format (used to record simulated or real runs)."""
+    """Write measurements in the replay format (used to record simulated or real runs); a failed
+    row keeps its reason and phase."""
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow([*COLUMNS, "concurrency", OUTPUT_MEAN])
+        w.writerow([*COLUMNS, "concurrency", OUTPUT_MEAN, REASON, PHASE])
         for cfg, m in rows.items():
             base = [cfg.tp, cfg.max_batch_size, cfg.quantization, cfg.kv_cache_dtype, m.status]
             measured = [m.percentiles(x.key) for x in LATENCY_METRICS]
@@ -192,6 +226,7 @@ def write_table(path: Path, rows: dict[TrialConfig, Measurement]) -> None:
                 vals = [round(pct.get(p), 3) for pct in measured if pct for p in PERCENTILES]
                 tps = round(m.output_tokens_per_s_per_gpu or 0.0, 3)
                 optional = [m.concurrency, m.output_tokens_mean]
-                w.writerow([*base, *vals, tps, *("" if v is None else v for v in optional)])
+                w.writerow([*base, *vals, tps, *("" if v is None else v for v in optional), "", ""])
             else:
-                w.writerow(base + [""] * (len(METRIC_COLUMNS) + 2))
+                why = [m.reason or "", m.phase or ""]
+                w.writerow(base + [""] * (len(METRIC_COLUMNS) + 2) + why)

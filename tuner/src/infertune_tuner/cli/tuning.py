@@ -204,11 +204,12 @@ def export_replay(
 ) -> None:
     """Write a study's measurements as a replay table, to re-tune offline.
 
-    One row per measured configuration (repeats combined as the search combined them); failed,
-    invalid and interrupted trials are left out. Then `infertune tune SPEC --backend
-    replay:TABLE` answers every configuration the study measured without a GPU, under the SLO,
-    budget or sampler SPEC gives now (a configuration the study never measured is a failed
-    trial: "not in table").
+    One row per measured configuration (repeats combined as the search combined them); a
+    configuration whose every trial failed is an `error` row with its last failure's reason and
+    phase, unless the failure was transient. Transient, invalid and interrupted trials are left
+    out. Then `infertune tune SPEC --backend replay:TABLE` answers every configuration the study
+    measured without a GPU, under the SLO, budget or sampler SPEC gives now (a configuration the
+    study never measured is a failed trial: "not in table").
     """
     from infertune_tuner.replay_export import export
 
