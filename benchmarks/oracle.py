@@ -76,7 +76,9 @@ class OraclePlanner(Planner):
         configuration beats the best) in units of the stop threshold, plus the structures still
         to cover once that chance is within twice the threshold."""
         runs = {**ev.runs, cfg: (self.probe.run(cfg, repeat=0),)}
-        after = Evidence(self.prior.request, runs, covers=ev.covers, transient_retries=ev.transient_retries)
+        after = Evidence(
+            self.prior.request, runs, covers=ev.covers, transient_retries=ev.transient_retries
+        )
         seed = self.prior.request.tuning.seed
         a = assess(after, self.prior, self.settings, seed=defaults.SEED if seed is None else seed)
         stop = self.settings.stop_probability

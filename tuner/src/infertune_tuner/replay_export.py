@@ -39,19 +39,11 @@ from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.perfmodel.latency import Percentiles
 from infertune_tuner.result import MeasuredConfig, Report, Trial
-from infertune_tuner.search.evidence import combine, executed_trials
+from infertune_tuner.search.evidence import combine, executed_trials, is_transient
 from infertune_tuner.study_folder import REPORT_JSON
 
 KEPT = ("ok", "oom")  # measurement statuses a replay table holds as measured
 TRANSIENT = "transient error"  # how left-out transient failures are counted
-
-
-def is_transient(m: Measurement) -> bool:
-    """Whether a failed trial's failure is transient: it says nothing about the configuration
-    (a server not ready in time, a lost connection, an evicted pod)."""
-    # TODO(signatures): return signature(m.reason, m.phase).is_transient, from the failure
-    # signature table (infertune_tuner.signatures), once it is there.
-    return False
 
 
 @dataclass

@@ -298,12 +298,18 @@ def failure_signature(m: Measurement) -> Signature | None:
     return signature(m.reason, m.phase) if m.status == "error" else None
 
 
+def is_transient(m: Measurement) -> bool:
+    """Whether `m` failed transiently (signatures.py): a load that timed out, a lost
+    connection, an evicted pod; it says nothing about the configuration."""
+    return (s := failure_signature(m)) is not None and s.is_transient
+
+
 def counted(runs: Sequence[Measurement], retries: int) -> tuple[Measurement, ...]:
     """The runs of one configuration that count as evidence: a transient failure (a load that
     timed out, a reset connection, an evicted pod: signatures.py) says nothing about the
     configuration, so it counts only once the configuration failed transiently `retries` + 1
     times and never otherwise ran; until then the configuration is re-run."""
-    transient = [m for m in runs if (s := failure_signature(m)) is not None and s.is_transient]
+    transient = [m for m in runs if is_transient(m)]
     if not transient:
         return tuple(runs)
     others = tuple(m for m in runs if m not in transient)
