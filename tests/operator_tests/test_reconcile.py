@@ -611,3 +611,36 @@ def test_brand_new_means_no_status_and_not_being_deleted() -> None:
     no_uid = copy.deepcopy(body)
     del no_uid["metadata"]["uid"]
     assert not is_brand_new(no_uid)  # owner references need it
+
+
+def test_a_quantization_that_could_not_run_at_all_is_said_in_the_tuned_condition() -> None:
+    from infertune_operator.api.to_request import to_request
+    from infertune_tuner.backends.simulated import SimulatedBackend
+    from infertune_tuner.measurement import Measurement
+    from infertune_tuner.report.view import failure_line
+    from infertune_tuner.run import tune
+
+    class NoFp8Kernels(SimulatedBackend):
+        def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
+            if config.quantization == "fp8":
+                return Measurement.failed(
+                    "error", "[TensorRT-LLM][ERROR] Assertion failed: no FP8 GEMM tactic",
+                    "loading model",
+                )  # fmt: skip
+            return super().run(config, repeat=repeat)
+
+    search = {"tensorParallel": [1, 2], "maxBatchSize": [4, 8, 16, 32],
+              "quantization": ["bf16", "fp8"], "kvCacheDtype": ["auto"]}  # fmt: skip
+    body = _body(search=search, tuning={"backend": "simulated", "maxTrials": 20, "seed": 1})
+    req = to_request(_obj(body))
+    report = tune(req, backend=NoFp8Kernels(req, seed=0), out_dir=_tmp())
+    assert report is not None and report.best is not None
+    (row,) = [f for f in report.could_not_run if f.kind == "structure"]
+    t = serving(
+        name="llm", namespace=NS, config=best_config(report),
+        availability=Availability(1, 1, True), tuned=(report, "llm-tuning-report"),
+    )  # fmt: skip
+    message = t.conditions["Tuned"].message
+    assert t.conditions["Tuned"].reason == "TuningSucceeded"
+    assert f"could not run: {failure_line(row)}" in message
+    assert "none of quantization=fp8 ran" in message and "no FP8 GEMM tactic" in message

@@ -257,9 +257,14 @@ PHASES: tuple[str, ...] = get_args(TrialPhase)
 
 
 def _shifted(line: str) -> str:
-    """`line` with every digit changed: another occurrence of the same fault (other times,
-    threads, ports, addresses, sizes)."""
-    return re.sub(r"\d", lambda m: str((int(m.group()) + 3) % 10), line)
+    """`line` with the digits of every number on its own changed: another occurrence of the
+    same fault (other times, threads, ports, addresses, sizes). A number inside a name (FP8,
+    SM90, W4A16) names what failed and stays."""
+    return re.sub(
+        r"(?<![A-Za-z_\d])\d+(?![A-Za-z_\d])",
+        lambda m: "".join(str((int(d) + 3) % 10) for d in m.group()),
+        line,
+    )
 
 
 # ------------------------------------------------------------------ the table
@@ -335,6 +340,13 @@ def test_another_occurrence_differing_in_numbers_and_addresses_shares_the_signat
     line: str,
 ) -> None:
     assert signature(_shifted(line), "measuring") == signature(line, "measuring")
+
+
+def test_a_number_inside_a_name_tells_two_faults_apart() -> None:
+    fp8 = "[TensorRT-LLM][ERROR] Assertion failed: no FP8 GEMM tactic for SM90 (gemm.cpp:231)"
+    fp4 = "[TensorRT-LLM][ERROR] Assertion failed: no FP4 GEMM tactic for SM90 (gemm.cpp:187)"
+    assert signature(fp8) != signature(fp4)
+    assert "FP8" in signature(fp8).text and "SM90" in signature(fp8).text
 
 
 def test_another_occurrence_with_other_prefixes_and_paths_shares_the_signature() -> None:

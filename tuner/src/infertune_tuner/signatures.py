@@ -304,7 +304,8 @@ _IPV6 = re.compile(
 _IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b")
 _HEX = re.compile(r"\b0[xX][0-9a-fA-F]+\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b")
 _NAME = re.compile(r"(?<![\w.-])[a-z0-9][a-z0-9-]*[a-z0-9](?![\w-])")
-_NUMBER = re.compile(r"\d+(?:\.\d+)*")
+# A number on its own, not one inside a name: FP8, SM90, W4A16 and bf16 name what failed.
+_NUMBER = re.compile(r"(?<![A-Za-z_\d])\d+(?:\.\d+)*(?![A-Za-z_\d])")
 _SPACE = re.compile(r"\s+")
 
 
@@ -314,7 +315,8 @@ def normalise(line: str) -> str:
     the C++ runtime's `what():`), timestamps and log prefixes (a log collector's "service |",
     glog, bracketed dates, NCCL's host:pid:tid, rank markers), the directories of URLs and paths
     (the basename stays), UUIDs, IPv4 and IPv6 addresses with their ports, generated pod and node
-    names (<pod>), hex numbers, and every other number (#); whitespace collapsed, at most
+    names (<pod>), hex numbers, and every other number on its own (#: a number inside a name,
+    FP8, SM90, W4A16, stays); whitespace collapsed, at most
     MAX_TEXT characters."""
     text = line
     if _TRT_LLM_TAG in text:  # the innermost, when an exception's text repeats the tag
