@@ -110,6 +110,7 @@ from infertune_tuner.report.view import chosen_by_chance
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
 from infertune_tuner.run import prior_predictions, tune
+from infertune_tuner.search.evidence import is_transient
 from infertune_tuner.search.hyperprior import Hyperprior, default_hyperprior, fit_hyperprior
 from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.posterior import memory_margin
@@ -142,10 +143,12 @@ class Run:
     # Per SLO bound of the chosen configuration: the report's P(a fresh run meets it) against
     # fresh runs of it (headroom_outcomes).
     headroom: list[HeadroomOutcome] = dataclasses.field(default_factory=list)
-    failed: int = 0  # executed trials that failed with `error`
+    failed: int = 0  # executed trials that failed with `error`, transient failures left out
     # ... inside the world's failing structures, summed over them (Truth.failing)
     failed_inside: int = 0
     structures: int = 0  # the world's failing structures (0: it declares none)
+    transient: int = 0  # executed trials that failed transiently (re-run, not evidence)
+    excluded: int = 0  # structures the run's report says could not run (excluded)
 
 
 @dataclass(frozen=True)
@@ -311,9 +314,12 @@ def _failure_row(label: str, rows: list[Run]) -> str:
         structured = f"{statistics.median(inside_):>8.1f} {_p90(inside_):>5}"
     else:
         structured = f"{'-':>8} {'-':>5}"
+    transient = [r.transient for r in rows]
+    excluding = sum(1 for r in rows if r.excluded)
     return (
         f"{label:14} {len(rows):>5} {share:>9.0%} {statistics.median(failed):>8.1f} "
-        f"{sum(failed):>6} {structured}"
+        f"{sum(failed):>6} {structured} {statistics.median(transient):>9.1f} "
+        f"{sum(transient):>6} {excluding:>9}"
     )
 
 
@@ -361,11 +367,13 @@ def run_world(
         req = world.request(sampler, budget)
         executed: list[TrialConfig] = []
         failed: list[TrialConfig] = []
+        transients: list[TrialConfig] = []
 
-        def hook(cfg, m, checks, known, executed=executed, failed=failed) -> None:  # type: ignore[no-untyped-def]
+        def hook(cfg, m, checks, known, executed=executed, failed=failed,  # type: ignore[no-untyped-def]
+                 transients=transients) -> None:  # fmt: skip
             executed.append(cfg)
             if m.status == "error":
-                failed.append(cfg)
+                (transients if is_transient(m) else failed).append(cfg)
 
         factory: PlannerFactory = Planner
         if oracle is not None and sampler == "auto":
@@ -393,7 +401,7 @@ def run_world(
         purposes = Counter(t.purpose for t in report.trials if t.executed)
         why = "".join(f"{k[0]}{k[2]}{v}" for k, v in sorted(purposes.items()) if k)
         line = (f"{world.name:26} {world.family:13} s{world.seed} {sampler:6} "
-                f"trials {report.executed_trials:3} ({why:14}) {label:26} got {got:7.0f}{'' if ok else '!'} "
+                f"trials {report.executed_trials:3} ({why:14}) failed {len(failed):2} {label:26} got {got:7.0f}{'' if ok else '!'} "
                 f"opt {truth.optimum:7.0f} strict {truth.strict:7.0f} "
                 f"conf {confidence if confidence is not None else '-'} "
                 f"{'ok' if reached else 'MISS'}{'' if strict else '(strict miss)'} | "
@@ -411,7 +419,8 @@ def run_world(
                   gpu_minutes(report, priors), chance_outcomes(report, truth, settings.improvement),
                   headroom_outcomes(report, world, req) if req.tuning.sampler == "auto" else [],
                   len(failed), sum(inside(truth.failing, c) for c in failed),
-                  len(truth.failing))  # fmt: skip
+                  len(truth.failing), len(transients),
+                  sum(1 for f in report.could_not_run if f.kind == "structure"))  # fmt: skip
         out.append((sampler, run, line))
     return out
 
@@ -589,15 +598,18 @@ def main() -> None:
             print(_row("model >=2x off", surprised))
             print("  (runs that measured a configuration whose tok/s/GPU was at least 2x off the "
                   "model's prediction, every family)")  # fmt: skip
-        failing = [f for f in families if any(r.failed or r.structures for r in rows
-                                               if r.family == f)]  # fmt: skip
+        failing = [f for f in families if any(r.failed or r.structures or r.transient
+                                               for r in rows if r.family == f)]  # fmt: skip
         if failing:
             print(f"\n[{sampler}]  failures: failed = failed trials per run (status error; "
                   "an OOM is memory, not counted), median, and their total; inside = failed "
                   "trials a run spent inside the world's failing structures (summed over them), "
-                  "median and p90 ('-': its worlds declare none)")  # fmt: skip
+                  "median and p90 ('-': its worlds declare none); transient = transient "
+                  "failures per run (re-run, not evidence), median and total; excluding = runs "
+                  "whose report excluded a structure that could not run")  # fmt: skip
             print(f"{'':14} {'runs':>5} {'>=98% opt':>9} {'failed':>8} {'total':>6} "
-                  f"{'inside':>8} {'p90':>5}")  # fmt: skip
+                  f"{'inside':>8} {'p90':>5} {'transient':>9} {'total':>6} "
+                  f"{'excluding':>9}")  # fmt: skip
             for family in failing:
                 print(_failure_row(family, [r for r in rows if r.family == family]))
         chance_rows = _chance_lines("all", rows, long_shot)

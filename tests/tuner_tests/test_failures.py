@@ -183,3 +183,18 @@ def test_a_study_says_what_could_not_run_and_a_resumed_one_keeps_it_excluded(
     retried = tune(more, backend=fixed, out_dir=tmp_path, retry_failed=True)
     assert retried is not None and retried.best is not None
     assert retried.best.config.quantization == "fp8"
+
+
+def test_a_transient_failure_is_re_run_on_another_free_backend() -> None:
+    import queue
+
+    from infertune_tuner.search.driver import _elsewhere
+
+    a, b = object(), object()
+    free: queue.Queue[object] = queue.Queue()
+    free.put(a)
+    free.put(b)
+    assert _elsewhere(free, a) is b  # type: ignore[arg-type]
+    assert free.get_nowait() is a  # the other one stays free
+    free.put(a)
+    assert _elsewhere(free, a) is a  # type: ignore[arg-type]  # no other is free: here

@@ -17,7 +17,8 @@ When the sampler says to wait (only trials in flight elsewhere may still change 
 worker waits until the study changes and gives its trial up for the next. A trial whose worker
 died is re-run by another worker after the heartbeat's grace period (the retry keeps the
 configuration it had claimed). A trial that measures nothing is told to the study as PRUNED,
-with its typed reason (`Skip`), and costs no budget.
+with its typed reason (`Skip`), and costs no budget. A configuration that failed transiently
+(evidence.is_transient) is re-run on another worker's backend when one is free.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from infertune_tuner.search.evidence import (
     Scope,
     State,
     config_of,
+    is_transient,
     judge,
     measurement_to_attr,
     read,
@@ -108,6 +110,22 @@ class SearchOutcome:
 
     stop: StopReason
     study: Study
+
+
+def _elsewhere(
+    backends: queue.Queue[BenchmarkBackend], avoid: BenchmarkBackend | None
+) -> BenchmarkBackend:
+    """A free backend, another than `avoid` (where the configuration failed transiently) when
+    one is free too: its re-run runs elsewhere."""
+    backend = backends.get()
+    if backend is avoid:
+        try:
+            other = backends.get_nowait()
+        except queue.Empty:
+            return backend
+        backends.put(backend)
+        return other
+    return backend
 
 
 def failure_scope(
@@ -282,11 +300,12 @@ class Search:
         self, backends: queue.Queue[BenchmarkBackend]
     ) -> Callable[[optuna.Trial], float]:
         model, gpu = self.request.resolve_model(), self.request.resolve_gpu()
+        failed_on: dict[TrialConfig, BenchmarkBackend] = {}  # where a transient failure happened
 
         def objective(trial: optuna.Trial) -> float:
             cfg = self._claim(trial)
             repeat = len(self.evidence().runs.get(cfg, ()))  # runs of it the study holds already
-            backend = backends.get()
+            backend = _elsewhere(backends, failed_on.get(cfg))
             try:
                 m = backend.run(cfg, repeat=repeat)
             except Exception as exc:  # a backend bug must not lose the study
@@ -294,6 +313,8 @@ class Search:
                 m = Measurement.failed("error", f"backend crashed: {exc!r}")
             finally:
                 backends.put(backend)
+            if is_transient(m):  # its re-run goes to another worker's backend when one is free
+                failed_on[cfg] = backend
             s = self.settings
             m = judge(m, cfg, model=model, gpu=gpu,
                       output_tokens=self.request.workload.output_tokens,
