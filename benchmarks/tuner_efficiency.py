@@ -398,10 +398,12 @@ def run_world(
         )
         confidence = report.confidence
         label = chosen.label() if chosen else "-"
+        excluded = sum(1 for f in report.could_not_run if f.kind == "structure")
         purposes = Counter(t.purpose for t in report.trials if t.executed)
         why = "".join(f"{k[0]}{k[2]}{v}" for k, v in sorted(purposes.items()) if k)
         line = (f"{world.name:26} {world.family:13} s{world.seed} {sampler:6} "
-                f"trials {report.executed_trials:3} ({why:14}) failed {len(failed):2} {label:26} got {got:7.0f}{'' if ok else '!'} "
+                f"trials {report.executed_trials:3} ({why:14}) failed {len(failed):2} "
+                f"transient {len(transients)} excluded {excluded} {label:26} got {got:7.0f}{'' if ok else '!'} "
                 f"opt {truth.optimum:7.0f} strict {truth.strict:7.0f} "
                 f"conf {confidence if confidence is not None else '-'} "
                 f"{'ok' if reached else 'MISS'}{'' if strict else '(strict miss)'} | "
@@ -419,8 +421,7 @@ def run_world(
                   gpu_minutes(report, priors), chance_outcomes(report, truth, settings.improvement),
                   headroom_outcomes(report, world, req) if req.tuning.sampler == "auto" else [],
                   len(failed), sum(inside(truth.failing, c) for c in failed),
-                  len(truth.failing), len(transients),
-                  sum(1 for f in report.could_not_run if f.kind == "structure"))  # fmt: skip
+                  len(truth.failing), len(transients), excluded)  # fmt: skip
         out.append((sampler, run, line))
     return out
 

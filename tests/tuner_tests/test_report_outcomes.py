@@ -200,3 +200,42 @@ def test_the_confidence_needs_no_excuse_when_the_numbers_agree(tmp_path: Path) -
     assert report["best"]["repeats"] == 2
     assert "each latency percentile the geometric mean of the repeats" in md
     assert "worse repeat" not in md + (tmp_path / "report.html").read_text()
+
+
+def test_what_could_not_run_is_said_alike_by_the_cli_and_the_report(tmp_path: Path) -> None:
+    """A recorded pool where fp8 weights never loaded (its rows carry the reason): the CLI's
+    summary and report.md say the same line, and the chosen configuration is one that runs."""
+    from infertune_tuner.backends.replay import write_table
+    from infertune_tuner.measurement import Measurement
+    from infertune_tuner.report.view import failure_line
+    from infertune_tuner.result import Report
+    from infertune_tuner.space import build_space
+
+    from infertune_operator.api.manifest import load_deployment
+    from infertune_operator.api.to_request import to_request
+
+    spec = _spec(tmp_path, backend="simulated", maxTrials=30)
+    req = to_request(load_deployment(spec), default_backend="simulated")
+    pool = SimulatedBackend(req, seed=0)
+    why = "[TensorRT-LLM][ERROR] Assertion failed: no FP8 GEMM tactic for SM90 (gemm.cpp:231)"
+    rows = {
+        c: Measurement.failed("error", why, "loading model") if c.quantization == "fp8"
+        else pool.run(c)
+        for c in build_space(req, req.resolve_model(), req.resolve_gpu()).configs
+    }  # fmt: skip
+    table = tmp_path / "pool.csv"
+    write_table(table, rows)
+    result = CliRunner().invoke(
+        app, ["tune", str(spec), "--backend", f"replay:{table}", "--out", str(tmp_path / "o"),
+              "--no-progress"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = Report.model_validate_json((tmp_path / "o" / "report.json").read_text())
+    assert report.best is not None and report.best.config.quantization == "fp16"
+    (row,) = [f for f in report.could_not_run if f.kind == "structure"]
+    line = failure_line(row)
+    assert f"could not run: {line}" in result.stdout
+    assert f"- {line}" in (tmp_path / "o" / "report.md").read_text()
+    assert "no FP8 GEMM tactic for SM90" in line and "none of quantization=fp8 ran" in line
+    assert len(row.trials) <= 3
+    assert [f for f in report.could_not_run if f.kind != "structure"] == []  # nothing else failed
