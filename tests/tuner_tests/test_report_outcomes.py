@@ -205,14 +205,13 @@ def test_the_confidence_needs_no_excuse_when_the_numbers_agree(tmp_path: Path) -
 def test_what_could_not_run_is_said_alike_by_the_cli_and_the_report(tmp_path: Path) -> None:
     """A recorded pool where fp8 weights never loaded (its rows carry the reason): the CLI's
     summary and report.md say the same line, and the chosen configuration is one that runs."""
+    from infertune_operator.api.manifest import load_deployment
+    from infertune_operator.api.to_request import to_request
     from infertune_tuner.backends.replay import write_table
     from infertune_tuner.measurement import Measurement
     from infertune_tuner.report.view import failure_line
     from infertune_tuner.result import Report
     from infertune_tuner.space import build_space
-
-    from infertune_operator.api.manifest import load_deployment
-    from infertune_operator.api.to_request import to_request
 
     spec = _spec(tmp_path, backend="simulated", maxTrials=30)
     req = to_request(load_deployment(spec), default_backend="simulated")
