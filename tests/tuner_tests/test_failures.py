@@ -198,3 +198,40 @@ def test_a_transient_failure_is_re_run_on_another_free_backend() -> None:
     assert free.get_nowait() is a  # the other one stays free
     free.put(a)
     assert _elsewhere(free, a) is a  # type: ignore[arg-type]  # no other is free: here
+
+
+class OneTransientFailure:
+    """A simulated pool whose `nth` trial fails transiently (a load that timed out)."""
+
+    name = "simulated"
+    speedup = 1.0
+
+    def __init__(self, req, nth: int | None) -> None:  # type: ignore[no-untyped-def]
+        self.inner = SimulatedBackend(req, seed=0)
+        self.nth = nth
+        self.calls: list[TrialConfig] = []
+        self.failed: TrialConfig | None = None
+
+    def run(self, config: TrialConfig, *, repeat: int = 0) -> Measurement:
+        self.calls.append(config)
+        if len(self.calls) - 1 == self.nth:
+            self.failed = config
+            return _fail(TIMEOUT)
+        # The study's repeat index counts the failure: measure as if it had not happened.
+        return self.inner.run(config, repeat=repeat - int(config == self.failed))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_transient_failure_costs_its_re_run_and_nothing_else(tmp_path: Path) -> None:
+    req = request(quants=["fp16", "fp8"], max_trials=40)
+    clean = OneTransientFailure(req, None)
+    tune(req, backend=clean, out_dir=tmp_path / "clean")
+    flaky = OneTransientFailure(req, 2)
+    report = tune(req, backend=flaky, out_dir=tmp_path / "flaky")
+    assert report is not None
+    # The same trials in the same order, the failed one run once more right away.
+    assert flaky.calls == [*clean.calls[:3], clean.calls[2], *clean.calls[3:]]
+    (row,) = report.could_not_run
+    assert row.kind == "transient" and row.trials == [2] and "load timed out" in row.signature

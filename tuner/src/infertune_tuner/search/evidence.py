@@ -382,6 +382,9 @@ class Evidence:
     checks: dict[TrialConfig, list[Check]] = field(init=False)  # of the typical runs
     counts: dict[TrialConfig, int] = field(init=False)  # runs per configuration that count
     executed: int = field(init=False)  # executed trials, repeats and transient failures included
+    # The runs that count as evidence (transient failures awaiting their re-run left out): what
+    # a decision is seeded by, so that a transient failure changes nothing but the budget.
+    counted_runs: int = field(init=False)
     # Per configuration, whether each of its runs met every bound (None: not a valid run).
     runs_meet: dict[TrialConfig, tuple[bool | None, ...]] = field(init=False)
     # Per measured configuration, the least room its typical run leaves inside a bound.
@@ -424,6 +427,7 @@ class Evidence:
         put(self, "checks", checks)
         put(self, "counts", counts)
         put(self, "executed", sum(len(ms) for ms in self.runs.values()))
+        put(self, "counted_runs", sum(counts.values()))
         put(self, "runs_meet", runs_meet)
         put(self, "room", room)
         put(self, "feasible", feasible)

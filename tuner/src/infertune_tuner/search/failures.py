@@ -184,7 +184,7 @@ class FailureModel:
             low = p < settings.exclude_below and c not in ev.measured
             if low and (why := model._blocker(c)) is not None:
                 excluded[c] = why
-        rng = np.random.default_rng([seed, ev.executed, len(sigs)])
+        rng = np.random.default_rng([seed, ev.counted_runs, len(sigs)])
         draws = model._sample(configs, settings.draws, rng)
         object.__setattr__(model, "excluded", excluded)
         object.__setattr__(model, "draws", draws)

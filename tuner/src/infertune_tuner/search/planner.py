@@ -345,7 +345,7 @@ class Planner:
         if confirm and left == 1:
             return self._measure(a, confirm[0], "confirm")
         early = st.confirm_incumbent_after
-        if (explore and early and a.best is not None and ev.executed >= early
+        if (explore and early and a.best is not None and ev.counted_runs >= early
                 and ev.counts.get(a.best, 0) < 2 and a.best not in ev.in_flight):  # fmt: skip
             # Exploration measures against the incumbent: a lucky first run of it would send the
             # search after configurations that beat noise. Its second run comes first.

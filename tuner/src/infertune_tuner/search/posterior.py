@@ -956,7 +956,7 @@ def assess(
         ev: What the study has measured and has in flight.
         prior: The space's predictions and fixed facts.
         settings: The search's constants.
-        seed: The study's seed (the draws are seeded by it, the trials executed and the pool).
+        seed: The study's seed (the draws are seeded by it, the runs that count and the pool).
         include_in_flight: Believe and count in-flight configurations (a search must not stop
             while one may still win; the report leaves them out).
         failures: The failure model of `ev` (failures.py), when already learnt.
@@ -988,7 +988,7 @@ def assess(
     joint = [cands[i] for i in keep] + flying
     pool = joint + feasible
     n, m = st.draws, len(pool)
-    rng = np.random.default_rng([seed, ev.executed, m])
+    rng = np.random.default_rng([seed, ev.counted_runs, m])
     prior_tps = np.array([prior.tps[c] for c in pool])
     tps_err, lat_err = post.sample(pool, n, rng, joint)
     tps = prior_tps * np.exp(tps_err)
