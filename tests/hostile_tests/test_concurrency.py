@@ -69,7 +69,10 @@ def _serving(marker: str) -> bool:
     """Whether the never-ready trial server of the run marked `marker` is running."""
     for pid in marked(marker):
         try:
-            if b"time.sleep(300)" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            # Its own argument (the tuner's --server-command holds the whole command line).
+            if b"import time; time.sleep(300)" in Path(f"/proc/{pid}/cmdline").read_bytes().split(
+                b"\0"
+            ):
                 return True
         except OSError:
             continue
