@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -128,7 +128,7 @@ class FailureModel:
     """P(runs) per configuration of the space, learned from the study's failures."""
 
     space: SearchSpace
-    prior: Mapping[Group, float]  # per group of the space's configurations
+    prior: Mapping[Group, float]  # per group of the space's configurations (failures seen)
     signatures: tuple[_Signature, ...] = ()
     p_runs: Mapping[TrialConfig, float] = field(default_factory=dict)
     # P(runs) counting only structures that two or more failures of one signature point at.
@@ -151,10 +151,10 @@ class FailureModel:
         at = {c: atoms(c, space) for c in configs}
         for c in ev.measured:
             at.setdefault(c, atoms(c, space))
-        prior = group_priors(at.values(), space, settings)
-        if not ev.failures:
+        if not ev.failures:  # nothing to learn (and no group's prior to weigh)
             ones = {c: 1.0 for c in configs}
-            return cls(space, prior, p_runs=ones, p_runs_structural=ones, _atoms=at)
+            return cls(space, {}, p_runs=ones, p_runs_structural=ones, _atoms=at)
+        prior = group_priors(at.values(), space, settings)
         ran_groups: dict[Group, set[Signature | None]] = {}
         for c in ev.measured:
             sig = ev.failures.get(c)
@@ -185,10 +185,7 @@ class FailureModel:
             if low and (why := model._blocker(c)) is not None:
                 excluded[c] = why
         rng = np.random.default_rng([seed, ev.counted_runs, len(sigs)])
-        draws = model._sample(configs, settings.draws, rng)
-        object.__setattr__(model, "excluded", excluded)
-        object.__setattr__(model, "draws", draws)
-        return model
+        return replace(model, excluded=excluded, draws=model._sample(configs, settings.draws, rng))
 
     def _sample(
         self, configs: Sequence[TrialConfig], n: int, rng: np.random.Generator
