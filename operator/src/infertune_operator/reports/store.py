@@ -16,12 +16,16 @@ decoded), so what is stored is bounded by construction, within :data:`REPORT_BUD
 
 Readers take ``report.json.gz`` when it is there, else ``report.json`` (the whole report or its
 summary); what earlier versions wrote (indented JSON, plain or gzipped) reads the same way.
+Decompression is bounded by :data:`REPORT_JSON_LIMIT`, the largest report JSON infertune stores
+gzipped: anyone who may write ConfigMaps in a namespace can label one as a report, and a 1 MiB
+gzip bomb would otherwise expand to about a gigabyte inside the operator (and crash-loop it).
 """
 
 from __future__ import annotations
 
 import base64
 import gzip
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +53,11 @@ REPORT_GZ_KEY = "report.json.gz"
 # carries in etcd (metadata, managed fields).
 CONFIGMAP_LIMIT = 1024 * 1024
 REPORT_BUDGET = 1_000_000
+# The largest report JSON stored gzipped (a larger one is stored as its summary), and so the most
+# a reader decompresses. The largest study the CRD allows (1000 trials over 4480 configurations,
+# tests/operator_tests/largest_study.py) is 7.8 MB of JSON: twice that leaves room for longer
+# failure reasons; deflate's worst case, 1032:1, would turn 1 MiB into a gigabyte.
+REPORT_JSON_LIMIT = 16 * 1024 * 1024
 
 
 def report_configmap(
@@ -114,7 +123,7 @@ def stored_values(
     if size(whole) <= REPORT_BUDGET:
         return {REPORT_KEY: whole}, None, True
     packed = gzip.compress(whole.encode("utf-8"), compresslevel=9, mtime=0)
-    if len(packed) <= REPORT_BUDGET:
+    if len(packed) <= REPORT_BUDGET and size(whole) <= REPORT_JSON_LIMIT:
         return None, {REPORT_GZ_KEY: base64.b64encode(packed).decode("ascii")}, True
     return {REPORT_KEY: summarize(report, REPORT_BUDGET)}, None, False
 
@@ -162,12 +171,43 @@ def report_text(cm: Mapping[str, Any]) -> str:
     if not packed and REPORT_KEY in data:
         return str(data[REPORT_KEY])
     if packed:
-        try:
-            return gzip.decompress(base64.b64decode(packed)).decode("utf-8")
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"{REPORT_GZ_KEY} is not valid base64 gzip: {exc}") from None
+        return _gunzip_bounded(str(packed))
     name = cm.get("metadata", {}).get("name", "?")
     raise ValueError(f"ConfigMap {name} holds neither {REPORT_KEY} nor {REPORT_GZ_KEY}")
+
+
+def _gunzip_bounded(packed: str, limit: int = REPORT_JSON_LIMIT) -> str:
+    """The text of a base64 gzip value, refused (ValueError) once it expands past ``limit``
+    bytes. Inflated a chunk at a time: a bomb costs at most ``limit`` bytes before it is
+    refused, not what it would expand to."""
+    chunk = 1024 * 1024
+    try:
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing
+        pending = base64.b64decode(packed)
+        parts: list[bytes] = []
+        held = 0
+        while pending and not inflater.eof:
+            part = inflater.decompress(pending, chunk)
+            pending = inflater.unconsumed_tail
+            parts.append(part)
+            held += len(part)
+            if held > limit:
+                raise OverflowError
+        if not inflater.eof:
+            parts.append(inflater.flush())
+    except OverflowError:
+        raise ValueError(
+            f"{REPORT_GZ_KEY} expands past {limit // (1024 * 1024)} MiB, more than any report "
+            "infertune writes (a compression bomb?): refused unread"
+        ) from None
+    except (ValueError, zlib.error) as exc:
+        raise ValueError(f"{REPORT_GZ_KEY} is not valid base64 gzip: {exc}") from None
+    if not inflater.eof:
+        raise ValueError(f"{REPORT_GZ_KEY} is not valid base64 gzip: the gzip stream is truncated")
+    try:
+        return b"".join(parts).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{REPORT_GZ_KEY} is not UTF-8 JSON: {exc}") from None
 
 
 def parse_report(cm: Mapping[str, Any]) -> Report:
