@@ -43,6 +43,7 @@ from .apiserver import (
     post,
     run_tuner,
     seed_report,
+    start_job,
     start_operator,
     wait_for,
 )
@@ -145,6 +146,75 @@ async def test_a_stale_tuner_loses_while_the_operator_is_down(
         assert len(jobs_of(api, "down")) == 1  # nothing tuned again
     finally:
         await runner.stop()
+
+
+async def test_a_serving_only_edit_while_the_tuner_runs_keeps_its_finished_tuning(
+    api: FakeApiServer, operator: OperatorRunner, kubeconfig: Path, tmp_path: Path
+) -> None:
+    body = await create(api, manifest("served"))
+    th = tuning_hash(body["spec"], SETTINGS)
+    job = await _job_with_hash(api, "served", th)
+    await start_job(api, job["metadata"]["name"])
+    await wait_for(lambda: phase(api, "served") == "Tuning", what="phase Tuning")
+
+    # spec.serving is not what a tuning answers: the same tuning, finished as it started.
+    serving = {"startupTimeoutMinutes": 90, "replicas": 2}
+    changed = await patch(api, "inferencedeployments", "served", {"spec": {"serving": serving}})
+    assert tuning_hash(changed["spec"], SETTINGS) == th
+    out = await run_tuner(api, job, tmp_path)
+    assert "report not written" not in out
+    await finish_job(api, job["metadata"]["name"])
+
+    await wait_for(lambda: phase(api, "served") == "Deploying", what="phase Deploying")
+    tuned = condition(idf(api, "served"), "Tuned")
+    assert tuned["status"] == "True" and tuned["reason"] == "TuningSucceeded"
+    assert len(jobs_of(api, "served")) == 1  # nothing tuned again
+    deployment = get(api, "deployments", "served")
+    assert deployment is not None and deployment["spec"]["replicas"] == 2  # the edit is served
+
+
+async def test_a_tuner_superseded_by_an_edit_outside_its_request_never_replaces_the_new_report(
+    api: FakeApiServer, operator: OperatorRunner, kubeconfig: Path, tmp_path: Path
+) -> None:
+    body = await create(api, manifest("moved"))
+    th_a = tuning_hash(body["spec"], SETTINGS)
+    job_a = copy.deepcopy(await _job_with_hash(api, "moved", th_a))
+    mounted_a = str((get(api, "configmaps", f"moved-tune-{th_a}-request") or {})["data"]
+                    ["request.json"])  # fmt: skip
+    # Trials move to other nodes: another tuning (the hash), the same request.
+    gpu = {**body["spec"]["gpu"], "nodeSelector": {"pool": "h100-b"}}
+    changed = await patch(api, "inferencedeployments", "moved", {"spec": {"gpu": gpu}})
+    th_b = tuning_hash(changed["spec"], SETTINGS)
+    assert th_b != th_a
+    job_b = await _job_with_hash(api, "moved", th_b)
+    assert (get(api, "configmaps", f"moved-tune-{th_b}-request") or {})["data"][
+        "request.json"
+    ] == mounted_a  # fmt: skip
+    await wait_for(lambda: len(jobs_of(api, "moved")) == 1, what="Job A deleted")
+    await wait_for(lambda: idf(api, "moved")["status"].get("tuningHash") == th_b,
+                   what="the status names tuning B")  # fmt: skip
+
+    # The superseded pod finishes first: its report would only be ignored, it is not written.
+    out = await run_tuner(api, job_a, tmp_path, request=mounted_a)
+    assert f"asks for tuning {th_b} now" in out
+    assert get(api, "configmaps", "moved-tuning-report") is None
+
+    await run_tuner(api, job_b, tmp_path)
+    await finish_job(api, job_b["metadata"]["name"])
+    await wait_for(lambda: phase(api, "moved") == "Deploying", what="phase Deploying")
+    before = get(api, "configmaps", "moved-tuning-report")
+    assert before is not None and configmap_hash(before) == th_b
+
+    # ... and once more after B's report (a retried pod): B's report stays.
+    out = await run_tuner(api, job_a, tmp_path, request=mounted_a)
+    assert "report not written" in out
+    after = get(api, "configmaps", "moved-tuning-report")
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    await make_available(api, "moved", 1)
+    await wait_for(lambda: phase(api, "moved") == "Ready", what="phase Ready")
+    tuned = condition(idf(api, "moved"), "Tuned")
+    assert tuned["status"] == "True" and idf(api, "moved")["status"]["tuningHash"] == th_b
 
 
 async def test_a_report_labelled_for_this_tuning_that_answers_another_request_is_not_served(
@@ -257,6 +327,52 @@ def test_a_tuner_writes_only_while_its_object_asks_for_its_request() -> None:
     plan = plan_write(owner=None, owner_known=False, uid="u1", mine=mine,
                                    existing=existing)  # fmt: skip
     assert plan.action is WriteAction.REPLACE
+
+
+def test_no_serving_edit_changes_what_a_tuning_answers() -> None:
+    body = manifest("s")
+    mine = _request(body)
+    edits: list[dict[str, Any]] = [
+        {"startupTimeoutMinutes": 5},
+        {"replicas": 3},
+        {"image": "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"},
+        {"resources": {"requests": {"cpu": "8", "memory": "64Gi"}}},
+    ]
+    for edit in edits:
+        changed = copy.deepcopy(body)
+        changed["spec"]["serving"] = edit
+        assert tuning_hash(changed["spec"], SETTINGS) == tuning_hash(body["spec"], SETTINGS)
+        assert request_difference(mine.dump(), _request(changed)) is None, edit
+
+
+def test_a_tuner_may_not_write_over_the_tuning_its_object_asks_for_now() -> None:
+    body = manifest("w")
+    body["metadata"].update(uid="u1", generation=2)
+    mine = _request(body)
+    report_b = {"metadata": {"resourceVersion": "7", "annotations":
+                             {"infertune.io/tuning-hash": "bbbbbbbb"}}}  # fmt: skip
+    report_a = {"metadata": {"resourceVersion": "6", "annotations":
+                             {"infertune.io/tuning-hash": "aaaaaaaa"}}}  # fmt: skip
+
+    def plan(status: dict[str, Any], existing: dict[str, Any] | None) -> WriteAction:
+        owner = {**body, "status": status}
+        return plan_write(owner=owner, owner_known=True, uid="u1", mine=mine,
+                          existing=existing, th="aaaaaaaa").action  # fmt: skip
+
+    # The operator has seen generation 2 and tunes B for it: A's report is not wanted.
+    seen_b = {"tuningHash": "bbbbbbbb", "observedGeneration": 2}
+    assert plan(seen_b, None) is WriteAction.SKIP
+    assert plan(seen_b, report_a) is WriteAction.SKIP
+    # Not seen yet: A may write (the operator will tell the hashes apart) ...
+    unseen_b = {"tuningHash": "bbbbbbbb", "observedGeneration": 1}
+    assert plan(unseen_b, None) is WriteAction.CREATE
+    # ... but never over the report of the tuning the status names.
+    assert plan(unseen_b, report_b) is WriteAction.SKIP
+    # Its own tuning: written as before (a retried pod replaces its own report).
+    assert plan({"tuningHash": "aaaaaaaa", "observedGeneration": 2}, report_a) is (
+        WriteAction.REPLACE
+    )
+    assert plan({}, None) is WriteAction.CREATE  # no status yet: a brand-new object
 
 
 def test_a_report_is_foreign_when_its_hash_or_owner_differ() -> None:

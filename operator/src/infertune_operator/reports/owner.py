@@ -29,10 +29,13 @@ from infertune_operator.policy.tuning import validate
 from infertune_operator.reports.store import configmap_hash
 from infertune_tuner.request import TuningRequest
 
-# Request fields that say where and how wide a tuning ran, not what it answers: the storage URL
+# Request fields that are not what a tuning answers. Where and how wide it ran: the storage URL
 # is masked in a report and absent from the request ConfigMap; a worker pod of a parallel tuning
-# runs with parallelism 1 (tuner_workers.worker_request). The tuning hash covers both.
-_NOT_IDENTITY = ("storage", "parallelism")
+# runs with parallelism 1 (tuner_workers.worker_request); the tuning hash covers both. And how
+# long a trial's server may take to start, which comes from spec.serving: the tuning hash leaves
+# spec.serving out (an edit there re-renders, it does not tune again), so a serving-only edit
+# made while the tuner runs must not make its finished report "another request's" either.
+_NOT_IDENTITY = ("storage", "parallelism", "startup_timeout_minutes")
 
 
 def identity(request: Mapping[str, Any] | TuningRequest) -> dict[str, Any] | None:
@@ -120,6 +123,31 @@ class WritePlan:
     resource_version: str | None = None  # REPLACE: the version read (the write's precondition)
 
 
+def superseded_by(
+    owner: Mapping[str, Any], th: str | None, existing: Mapping[str, Any] | None
+) -> str | None:
+    """The tuning hash that supersedes tuning ``th``, by what the cluster says (None: none does).
+
+    The tuning hash also covers what a request does not hold (where trials run: nodeSelector,
+    tolerations; the study storage; the secrets), so two tunings can ask the same request. Which
+    one is current is what the operator recorded: ``status.tuningHash``, once it has seen the
+    spec as it is now (``status.observedGeneration`` = ``metadata.generation``). And a report of
+    the hash the status names is never replaced by a report of another one, seen or not.
+    """
+    if not th:
+        return None
+    meta, status = owner.get("metadata") or {}, owner.get("status") or {}
+    current = status.get("tuningHash")
+    if not current or current == th:
+        return None
+    seen = meta.get("generation") is not None and status.get("observedGeneration") == meta.get(
+        "generation"
+    )
+    if seen or configmap_hash(existing) == current:
+        return str(current)
+    return None
+
+
 def plan_write(
     *,
     owner: Body | None,
@@ -128,6 +156,7 @@ def plan_write(
     mine: TuningRequest,
     existing: Mapping[str, Any] | None,
     ignore: tuple[str, ...] = (),
+    th: str | None = None,
 ) -> WritePlan:
     """Whether a finished tuner may write its report, and how.
 
@@ -140,11 +169,13 @@ def plan_write(
         existing: The report ConfigMap as read now (None: there is none).
         ignore: Request fields the spec need not agree on (a retune's ``workload``: it tunes
             the observed workload, not the spec's).
+        th: The tuning hash this tuner ran for (``--tuning-hash``; see :func:`superseded_by`).
 
     Returns:
         SKIP with the reason when the InferenceDeployment is gone, was created again under the
-        same name, or no longer asks for this request (its spec changed since); else CREATE, or
-        REPLACE guarded by the resourceVersion just read.
+        same name, no longer asks for this request (its spec changed since), or asks for
+        another tuning (:func:`superseded_by`); else CREATE, or REPLACE guarded by the
+        resourceVersion just read.
     """
     name = f"{mine.namespace or ''}/{mine.name}".lstrip("/")
     if owner_known:
@@ -164,6 +195,10 @@ def plan_write(
             return WritePlan(WriteAction.SKIP, (
                 f"the spec of {name} changed since this tuning started ({diff}): its report "
                 "would replace the report of the tuning the spec asks for now"))  # fmt: skip
+        if (current := superseded_by(owner or {}, th, existing)) is not None:
+            return WritePlan(WriteAction.SKIP, (
+                f"{name} asks for tuning {current} now (its spec changed since tuning {th} "
+                "started): this report would replace that tuning's"))  # fmt: skip
     if existing is None:
         return WritePlan(WriteAction.CREATE)
     version = ((existing.get("metadata") or {}).get("resourceVersion")) or None

@@ -80,7 +80,7 @@ def write_report(
     def plan(owner: Body | None, known: bool, existing: Body | None) -> WritePlan:
         return plan_write(
             owner=owner, owner_known=known, uid=uid, mine=request, existing=existing,
-            ignore=ignore,
+            ignore=ignore, th=th,
         )  # fmt: skip
 
     outcome = write_guarded(
