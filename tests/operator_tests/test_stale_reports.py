@@ -12,6 +12,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from infertune_operator import naming
 from infertune_operator.objects import tuner_job
 from infertune_operator.policy.tuning import tuning_hash, validate
 from infertune_operator.reports.owner import (
@@ -20,7 +21,7 @@ from infertune_operator.reports.owner import (
     plan_write,
     request_difference,
 )
-from infertune_operator.reports.store import configmap_hash, parse_report
+from infertune_operator.reports.store import configmap_hash, parse_report, writer_job_uid
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.result import Report
 
@@ -32,6 +33,7 @@ from .apiserver import (
     condition,
     create,
     delete,
+    events_for,
     finish_job,
     get,
     idf,
@@ -215,6 +217,55 @@ async def test_a_tuner_superseded_by_an_edit_outside_its_request_never_replaces_
     await wait_for(lambda: phase(api, "moved") == "Ready", what="phase Ready")
     tuned = condition(idf(api, "moved"), "Tuned")
     assert tuned["status"] == "True" and idf(api, "moved")["status"]["tuningHash"] == th_b
+
+
+async def test_a_tuner_job_deleted_by_hand_and_created_again_tunes_once(
+    api: FakeApiServer, operator: OperatorRunner, kubeconfig: Path, tmp_path: Path
+) -> None:
+    body = await create(api, manifest("twice"))
+    th = tuning_hash(body["spec"], SETTINGS)
+    first = copy.deepcopy(await _job_with_hash(api, "twice", th))
+    job_name, first_uid = first["metadata"]["name"], first["metadata"]["uid"]
+    await start_job(api, job_name)
+    mounted = str((get(api, "configmaps", f"twice-tune-{th}-request") or {})["data"]
+                  ["request.json"])  # fmt: skip
+
+    # Someone deletes the Job (its pod goes on); the operator creates it again.
+    await delete(api, "jobs", job_name)
+    second = await wait_for(
+        lambda: next((j for j in jobs_of(api, "twice") if j["metadata"]["uid"] != first_uid),
+                     None),
+        what="the tuner Job created again",
+    )  # fmt: skip
+    assert second["metadata"]["name"] == job_name
+    await start_job(api, job_name)
+
+    # The first pod answers: the second Job is stopped, the tuning served once.
+    await run_tuner(api, first, tmp_path, request=mounted,
+                    env={naming.TUNER_JOB_UID_ENV: first_uid})  # fmt: skip
+    report = get(api, "configmaps", "twice-tuning-report")
+    assert report is not None and writer_job_uid(report) == first_uid
+    await wait_for(lambda: jobs_of(api, "twice") == [], what="the second tuner Job deleted")
+    await wait_for(lambda: phase(api, "twice") == "Deploying", what="phase Deploying")
+    [stopped] = [e for e in events_for(api, "twice") if e["reason"] == "DuplicateTunerStopped"]
+    assert first_uid in stopped["message"] and job_name in stopped["message"]
+
+
+async def test_the_tuner_job_that_answers_is_left_alone(
+    api: FakeApiServer, operator: OperatorRunner, kubeconfig: Path, tmp_path: Path
+) -> None:
+    body = await create(api, manifest("once"))
+    job = await _job_with_hash(api, "once", tuning_hash(body["spec"], SETTINGS))
+    await start_job(api, job["metadata"]["name"])
+    await run_tuner(api, job, tmp_path, env={naming.TUNER_JOB_UID_ENV: job["metadata"]["uid"]})
+    await wait_for(lambda: phase(api, "once") == "Deploying", what="phase Deploying")
+    assert [j["metadata"]["uid"] for j in jobs_of(api, "once")] == [job["metadata"]["uid"]]
+    # The Job's env tells its pod its Job's uid (the Job controller's pod label).
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    [uid_env] = [e for e in env if e["name"] == naming.TUNER_JOB_UID_ENV]
+    assert uid_env["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['batch.kubernetes.io/controller-uid']"
+    )
 
 
 async def test_a_report_labelled_for_this_tuning_that_answers_another_request_is_not_served(

@@ -38,6 +38,13 @@ ANNOTATION_REPORT_SUMMARY = f"{DOMAIN}/report-summary"  # "true": only the repor
 ANNOTATION_VERIFICATION_HASH = f"{DOMAIN}/verification-hash"
 # On retune Jobs, requests and reports: the tuning retuned and the observed workload (retune.py).
 ANNOTATION_RETUNE_HASH = f"{DOMAIN}/retune-hash"
+# On reports: the uid of the tuner Job whose pod wrote it (a tuner Job deleted by hand and created
+# again can leave two Jobs of one tuning; the report says which one answered).
+ANNOTATION_TUNER_JOB = f"{DOMAIN}/tuner-job-uid"
+# The tuner pod's own Job uid, from the label the Job controller puts on its pods (Kubernetes
+# 1.27+; the downward API gives "" where it is missing, and nothing is claimed then).
+TUNER_JOB_UID_ENV = "INFERTUNE_TUNER_JOB_UID"
+JOB_UID_POD_LABEL = "batch.kubernetes.io/controller-uid"
 FINALIZER = f"{DOMAIN}/finalizer"
 
 # Values of LABEL_COMPONENT.

@@ -47,7 +47,7 @@ from infertune_operator.policy.tuning import (
     validate,
 )
 from infertune_operator.reports.owner import foreign_reason, request_difference
-from infertune_operator.reports.store import parse_report, trials_total
+from infertune_operator.reports.store import parse_report, trials_total, writer_job_uid
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 
@@ -165,6 +165,7 @@ def _decide(
             return no_feasible_config(report, cm_name, total), th
         config = best_config(report)
         tuned = TunedReport(report, cm_name, total)
+        _stop_duplicate_tuner(ctx, body, th, cm)
     retuned, retune_fields, events = retune_sync.follow(ctx, obj, body, th, config)
     config = retuned or config  # a rolled-out retune serves its best
     try:
@@ -288,6 +289,35 @@ def _delete_superseded(ctx: Context, namespace: str, name: str, th: str) -> None
     )
     for old in tuner_job.superseded(requests, th):
         ctx.kube.delete(CONFIGMAPS, namespace, old)
+
+
+def _stop_duplicate_tuner(ctx: Context, body: Body, th: str, report_cm: Body) -> None:
+    """The report of tuning ``th`` came from another tuner Job than the one of that name now:
+    a Job deleted by hand was created again while its pod still ran, and that pod answered.
+    Stop the second Job: its GPUs would tune the same question again (and it would write
+    the same report again)."""
+    writer = writer_job_uid(report_cm)
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    job_name = naming.job_name(name, th)
+    if writer is None:
+        return  # an earlier tuner did not say who it was: nothing to compare
+    job = ctx.kube.get(JOBS, namespace, job_name)
+    if job is None or job["metadata"].get("uid") in (None, writer):
+        return
+    if naming.owner_uid(job) != meta.get("uid"):
+        return  # an earlier object's: the garbage collector's
+    if tuner_outcome.job_outcome(job).state not in ("pending", "running"):
+        return
+    uid = job["metadata"]["uid"]
+    if ctx.kube.delete(JOBS, namespace, job_name, uid=uid):
+        logger.info("%s/%s: deleted tuner Job %s (uid %s): tuning %s was answered by Job uid %s",
+                    namespace, name, job_name, uid, th, writer)  # fmt: skip
+        message = (
+            f"tuning {th} was answered by an earlier tuner Job of this name (uid {writer}, "
+            f"deleted while its pod ran): stopped the tuner Job {job_name} created after it"
+        )
+        ctx.post_event(body, conditions.Event("Normal", "DuplicateTunerStopped", message))
 
 
 def _apply_serving(

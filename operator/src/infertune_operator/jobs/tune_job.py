@@ -76,7 +76,7 @@ def tune_job(
     try:
         outcome = write_report(
             kube, request=req, report=report, namespace=namespace, th=tuning_hash, uid=owner_uid,
-            retune_hash=retune_hash,
+            retune_hash=retune_hash, job_uid=os.environ.get(naming.TUNER_JOB_UID_ENV) or None,
         )  # fmt: skip
     except KubeError as exc:
         raise InputError(f"cannot write the report ConfigMap: {exc}", exit_code=1) from None

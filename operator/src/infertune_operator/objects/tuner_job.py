@@ -20,10 +20,12 @@ from infertune_operator.naming import (
     ANNOTATION_HASH,
     COMPONENT_REQUEST,
     COMPONENT_TUNER,
+    JOB_UID_POD_LABEL,
     LABEL_COMPONENT,
     LABEL_HASH,
     LABEL_MANAGED_BY,
     MANAGER,
+    TUNER_JOB_UID_ENV,
     Body,
     common_labels,
     job_name,
@@ -156,7 +158,11 @@ def tuner_job(
         "name": TUNER_CONTAINER,
         "command": tune_job_command(name, namespace, body["metadata"]["uid"], th),
         "volumeMounts": [{"name": "request", "mountPath": CONFIG_MOUNT, "readOnly": True}],
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": [
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": TUNER_JOB_UID_ENV, "valueFrom": {"fieldRef": {
+                "fieldPath": f"metadata.labels['{JOB_UID_POD_LABEL}']"}}},
+        ],  # fmt: skip
     }
     pod: Body = {
         "serviceAccountName": settings.tuner_service_account,

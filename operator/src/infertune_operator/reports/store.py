@@ -36,6 +36,7 @@ from infertune_operator.naming import (
     ANNOTATION_HASH,
     ANNOTATION_REPORT_SUMMARY,
     ANNOTATION_REPORT_TRIALS,
+    ANNOTATION_TUNER_JOB,
     COMPONENT_REPORT,
     LABEL_HASH,
     Body,
@@ -67,6 +68,7 @@ def report_configmap(
     report: Report,
     th: str | None,
     owner_uid: str | None,
+    job_uid: str | None = None,
 ) -> Body:
     """What the tuner Job writes: the report, or its summary and the complete one gzipped.
 
@@ -76,6 +78,7 @@ def report_configmap(
         report: The report.
         th: The tuning hash the report answers (labels and annotates the ConfigMap).
         owner_uid: The InferenceDeployment's uid: the ConfigMap is deleted with it.
+        job_uid: The uid of the tuner Job whose pod writes it (annotated, when known).
 
     Returns:
         The ConfigMap; its data and binaryData never exceed :data:`REPORT_BUDGET` bytes.
@@ -85,6 +88,8 @@ def report_configmap(
     if th:
         labels[LABEL_HASH] = th
         annotations[ANNOTATION_HASH] = th
+    if job_uid:
+        annotations[ANNOTATION_TUNER_JOB] = job_uid
     body: Body = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -161,6 +166,12 @@ def configmap_hash(cm: Mapping[str, Any] | None) -> str | None:
         LABEL_HASH
     )
     return str(value) if value else None
+
+
+def writer_job_uid(cm: Mapping[str, Any] | None) -> str | None:
+    """The uid of the tuner Job whose pod wrote a report (None: not recorded)."""
+    meta = (cm or {}).get("metadata") or {}
+    return (meta.get("annotations") or {}).get(ANNOTATION_TUNER_JOB) or None
 
 
 def report_text(cm: Mapping[str, Any]) -> str:

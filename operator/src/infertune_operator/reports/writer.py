@@ -48,6 +48,7 @@ def write_report(
     backoff: Backoff | None = None,
     sleep: Callable[[float], None] = time.sleep,
     retune_hash: str | None = None,
+    job_uid: str | None = None,
 ) -> WriteOutcome:
     """Store ``report`` in ``<name>-tuning-report`` when this tuning is still wanted.
 
@@ -63,14 +64,16 @@ def write_report(
         retune_hash: A retune's (``--retune-hash``): the report goes to
             ``<name>-retune-report``, and the spec is compared with the request but for the
             workload (the retune's is the observed one).
+        job_uid: The uid of this pod's tuner Job (the report records who answered).
 
     Returns:
         What was done. Raises the last :class:`~infertune_operator.kube.errors.KubeError` when the API keeps failing or
         refuses the write (403, 422).
     """
     body = report_configmap(
-        name=request.name, namespace=namespace, report=report, th=th, owner_uid=uid
-    )
+        name=request.name, namespace=namespace, report=report, th=th, owner_uid=uid,
+        job_uid=job_uid,
+    )  # fmt: skip
     if retune_hash is not None:
         body["metadata"]["name"] = naming.retune_report_name(request.name)
         body["metadata"]["annotations"][naming.ANNOTATION_RETUNE_HASH] = retune_hash
