@@ -131,6 +131,12 @@ def tune_job_command(name: str, namespace: str, uid: str, th: str) -> list[str]:
     ]  # fmt: skip
 
 
+def job_uid_env() -> Body:
+    """The pod's own Job uid, for the report to say which Job answered (downward API)."""
+    field = f"metadata.labels['{JOB_UID_POD_LABEL}']"
+    return {"name": TUNER_JOB_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": field}}}
+
+
 def tuner_job(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
 ) -> Body:
@@ -158,11 +164,7 @@ def tuner_job(
         "name": TUNER_CONTAINER,
         "command": tune_job_command(name, namespace, body["metadata"]["uid"], th),
         "volumeMounts": [{"name": "request", "mountPath": CONFIG_MOUNT, "readOnly": True}],
-        "env": [
-            {"name": "PYTHONUNBUFFERED", "value": "1"},
-            {"name": TUNER_JOB_UID_ENV, "valueFrom": {"fieldRef": {
-                "fieldPath": f"metadata.labels['{JOB_UID_POD_LABEL}']"}}},
-        ],  # fmt: skip
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, job_uid_env()],
     }
     pod: Body = {
         "serviceAccountName": settings.tuner_service_account,
