@@ -33,7 +33,7 @@ def feasibility_problems(
 ) -> list[Problem]:
     """Every reason ``obj`` cannot be tuned on ``backend`` (default: the spec's, else the
     operator's default); ``memory``: also when no configuration fits in GPU memory."""
-    from infertune_tuner.perfmodel.latency import predict
+    from infertune_tuner.perfmodel.memory import estimate_memory
     from infertune_tuner.space import build_space
 
     problems: list[Problem] = []
@@ -48,14 +48,19 @@ def feasibility_problems(
     try:
         space = build_space(request, model, gpu, backend)
     except InputError as exc:
-        problems.append(Problem("spec.search", str(exc)))
+        # Each exclusion says what and why; what to do, once for all of them:
+        problems.append(Problem("spec.search", (
+            f"{exc}; add a value that none of these reasons excludes, or use another "
+            "spec.gpu.product")))  # fmt: skip
         return problems
     if memory:
-        fits = [c for c in space.configs if predict(model, gpu, space.effective(c), request.work)
-                .memory.fits]  # fmt: skip
+        # The memory estimate alone (what `predict` says of memory), up to the first
+        # configuration that fits: the operator asks this before every tuning it starts.
+        fits = any(estimate_memory(model, gpu, space.effective(c), request.work).fits
+                   for c in space.configs)  # fmt: skip
         if not fits:
             smallest = min(space.configs, key=lambda c: (-c.tp, c.max_batch_size))
-            why = predict(model, gpu, space.effective(smallest), request.work).memory.reason
+            why = estimate_memory(model, gpu, space.effective(smallest), request.work).reason
             problems.append(Problem("spec.search", (
                 f"no configuration fits in {gpu.key} memory; even {smallest.label()}: {why}; "
                 "allow a larger tensorParallel, a smaller maxBatchSize or a quantization")))  # fmt: skip

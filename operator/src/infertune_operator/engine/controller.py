@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from infertune_operator import naming
 from infertune_operator.api.advisories import advisories
-from infertune_operator.api.feasibility import weights_problem
+from infertune_operator.api.feasibility import feasibility_problems, weights_problem
 from infertune_operator.api.to_request import to_request
 from infertune_operator.api.types import InferenceDeployment
 from infertune_operator.engine import creates, retune_sync, status_writes, verify_sync
@@ -44,6 +44,7 @@ from infertune_operator.policy.tuning import (
     tuning_pending,
     tuning_rejected,
     tuning_started,
+    tuning_underway,
     validate,
 )
 from infertune_operator.reports.owner import foreign_reason, request_difference
@@ -131,13 +132,14 @@ def _decide(
     obj, problems = validate(body)
     if obj is None:
         return invalid_spec(problems), None
-    if (problem := tuner_workers.parallel_problem(obj, ctx.settings)) is not None:
-        return invalid_spec([problem]), None
-    request = to_request(obj, default_backend=ctx.settings.default_backend)
-    if (weights := weights_problem(request, request.tuning.backend)) is not None:
-        return invalid_spec([str(weights)]), None
     th = tuning_hash(body["spec"], ctx.settings)
     config = config_from_status(body.get("status"), th)
+    # Started or tuned: a check a newer operator adds never stops it (only a new tuning).
+    admitted = config is not None or tuning_underway(body.get("status"), th)
+    if problems := _spec_problems(ctx, obj):
+        if not admitted:  # refused anyway: with everything else `infertune validate` says
+            problems = _spec_problems(ctx, obj, feasibility=True)
+        return invalid_spec(problems), None
     tuned: TunedReport | None = None
     if config is None:
         meta = body["metadata"]
@@ -145,6 +147,8 @@ def _decide(
         cm_name = naming.report_configmap_name(name)
         cm = ctx.kube.get(CONFIGMAPS, namespace, cm_name)
         if (why := foreign_reason(cm, uid=meta.get("uid"), th=th)) is not None:
+            if not admitted and (problems := _spec_problems(ctx, obj, feasibility=True)):
+                return invalid_spec(problems), None  # no Job for an impossible spec
             return _tuning(ctx, obj, body, th, new=new, no_report=why), th
         if new:  # tuned before this object existed: serving reads the rest
             raise _NotNew
@@ -159,6 +163,8 @@ def _decide(
             # Labelled for this tuning, but it answers another request (a stale writer).
             why = f"the report answers another request ({diff})"
             logger.warning("%s/%s: ignoring ConfigMap %s: %s", namespace, name, cm_name, why)
+            if not admitted and (problems := _spec_problems(ctx, obj, feasibility=True)):
+                return invalid_spec(problems), None
             return _tuning(ctx, obj, body, th, no_report=why), th
         total = trials_total(cm, report)
         if report.best is None:
@@ -193,6 +199,29 @@ def _decide(
         fields = transition.fields.model_copy(update=retune_fields)
         transition = replace(transition, fields=fields, events=events)
     return verify_sync.verify(ctx, obj, body, th, config, transition), th
+
+
+def _spec_problems(
+    ctx: Context, obj: InferenceDeployment, *, feasibility: bool = False
+) -> list[str]:
+    """Why this valid spec cannot be tuned here (an empty list: nothing).
+
+    Always: parallel workers with no study database, weights the backend cannot load. With
+    ``feasibility`` (before a tuning starts), also every reason ``infertune validate`` gives,
+    asked for the backend the tuner Job would run: an empty search space, no configuration that
+    fits in GPU memory, a storage URL that cannot work.
+    """
+    problems: list[str] = []
+    if (parallel := tuner_workers.parallel_problem(obj, ctx.settings)) is not None:
+        problems.append(parallel)
+    backend = ctx.settings.backend_for(obj)
+    if feasibility:  # the weights included
+        problems += [str(p) for p in feasibility_problems(obj, backend=backend)]
+    else:
+        request = to_request(obj, default_backend=ctx.settings.default_backend)
+        if (weights := weights_problem(request, backend)) is not None:
+            problems.append(str(weights))
+    return problems
 
 
 def _tuning(

@@ -131,6 +131,16 @@ def config_from_status(status: Mapping[str, Any] | None, th: str) -> TrialConfig
         return None
 
 
+def tuning_underway(status: Mapping[str, Any] | None, th: str) -> bool:
+    """Whether a tuning of this hash was started and has not ended (Pending or Tuning): it was
+    admitted then, and a check that a newer operator adds does not stop it halfway."""
+    status = status or {}
+    return status.get("tuningHash") == th and any(
+        c.get("type") == TUNED and c.get("reason") in (TUNING_PENDING, TUNING_STARTED)
+        for c in status.get("conditions") or []
+    )
+
+
 def best_config(report: Report) -> TrialConfig:
     assert report.best is not None
     return report.best.config.to_config()
