@@ -72,16 +72,16 @@ def _options(
 
 
 def read_spec(spec: Path, backend: str) -> TuningRequest:
-    """`infertune tune SPEC`: the InferenceDeployment manifest, checked as `validate` checks it
-    for this kind of backend (no memory check: the tuner rules configurations out itself), as
-    the request to tune (the :class:`~infertune_tuner.cli.tuning.SpecReader` the tuner's
-    commands are mounted with)."""
+    """`infertune tune SPEC`: the InferenceDeployment manifest, checked exactly as `validate`
+    checks it for this kind of backend (memory included: what `validate` refuses, `tune`
+    refuses with the same words), as the request to tune (the
+    :class:`~infertune_tuner.cli.tuning.SpecReader` the tuner's commands are mounted with)."""
     from infertune_operator.api.feasibility import feasibility_problems
     from infertune_operator.api.manifest import load_deployment
     from infertune_operator.api.to_request import to_request
 
     obj = load_deployment(spec)
-    problems = feasibility_problems(obj, backend=backend, memory=False)
+    problems = feasibility_problems(obj, backend=backend)
     if problems:
         raise InputError(f"{spec}: cannot be tuned", [str(p) for p in problems])
     return to_request(obj, default_backend=backend)

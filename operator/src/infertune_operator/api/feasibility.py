@@ -28,11 +28,9 @@ def weights_problem(request: TuningRequest, backend: str) -> Problem | None:
     return Problem("spec.model.source.uri", why)
 
 
-def feasibility_problems(
-    obj: InferenceDeployment, *, backend: str | None = None, memory: bool = True
-) -> list[Problem]:
+def feasibility_problems(obj: InferenceDeployment, *, backend: str | None = None) -> list[Problem]:
     """Every reason ``obj`` cannot be tuned on ``backend`` (default: the spec's, else the
-    operator's default); ``memory``: also when no configuration fits in GPU memory."""
+    operator's default), no configuration that fits in GPU memory included."""
     from infertune_tuner.perfmodel.memory import estimate_memory
     from infertune_tuner.space import build_space
 
@@ -53,15 +51,14 @@ def feasibility_problems(
             f"{exc}; add a value that none of these reasons excludes, or use another "
             "spec.gpu.product")))  # fmt: skip
         return problems
-    if memory:
-        # The memory estimate alone (what `predict` says of memory), up to the first
-        # configuration that fits: the operator asks this before every tuning it starts.
-        fits = any(estimate_memory(model, gpu, space.effective(c), request.work).fits
-                   for c in space.configs)  # fmt: skip
-        if not fits:
-            smallest = min(space.configs, key=lambda c: (-c.tp, c.max_batch_size))
-            why = estimate_memory(model, gpu, space.effective(smallest), request.work).reason
-            problems.append(Problem("spec.search", (
-                f"no configuration fits in {gpu.key} memory; even {smallest.label()}: {why}; "
-                "allow a larger tensorParallel, a smaller maxBatchSize or a quantization")))  # fmt: skip
+    # The memory estimate alone (what `predict` says of memory), up to the first
+    # configuration that fits: the operator asks this before every tuning it starts.
+    fits = any(estimate_memory(model, gpu, space.effective(c), request.work).fits
+               for c in space.configs)  # fmt: skip
+    if not fits:
+        smallest = min(space.configs, key=lambda c: (-c.tp, c.max_batch_size))
+        why = estimate_memory(model, gpu, space.effective(smallest), request.work).reason
+        problems.append(Problem("spec.search", (
+            f"no configuration fits in {gpu.key} memory; even {smallest.label()}: {why}; "
+            "allow a larger tensorParallel, a smaller maxBatchSize or a quantization")))  # fmt: skip
     return problems

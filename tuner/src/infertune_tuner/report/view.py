@@ -148,11 +148,22 @@ def _not_found(report: Report, trials: str) -> str:
     return f"No configuration met the SLO: {trials} executed, and nothing untried plausibly can."
 
 
+def _wider(report: Report) -> str:
+    """Where more GPUs per replica would come from: the search's tensorParallel values when they
+    stop below the replica's limit, else the limit itself."""
+    request = report.request or {}
+    tps = (request.get("search") or {}).get("tensor_parallel") or []
+    limit = (request.get("gpu") or {}).get("max_gpus_per_replica")
+    if tps and limit and max(tps) < limit:
+        return "a larger tensorParallel (spec.search.tensorParallel)"
+    return "more GPUs per replica (spec.gpu.maxGpusPerReplica)"
+
+
 def _not_found_next(report: Report) -> str:
     if report.stop == StopKind.RULED_OUT:
         return (
-            "Allow more GPUs per replica (spec.gpu.maxGpusPerReplica), a lower-precision "
-            "quantization (raise maxAccuracyLossPercent), or a GPU with more memory."
+            f"Allow {_wider(report)}, a lower-precision quantization (raise "
+            "maxAccuracyLossPercent), or a GPU with more memory."
         )
     misses = " (see the nearest misses)" if report.nearest_misses else ""
     if report.stop in (StopKind.BUDGET, StopKind.TIMEOUT):
