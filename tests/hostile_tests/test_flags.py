@@ -271,7 +271,13 @@ def test_tune_flags(tmp_path: Path) -> None:
     for argv, fragment in (
         (["--seed", str(2**32)], "--seed must be between 0 and 4294967295"),
         (["--seed", "-1"], "--seed must be between 0"),
-        (["--max-trials", "0"], "--max-trials must be at least 1"),
+        (["--max-trials", "0"], "--max-trials must be between 1 and 1000"),
+        # One limit: what a manifest may not ask (spec.tuning.maxTrials), the flag may not either.
+        (
+            ["--max-trials", "100000000"],
+            "--max-trials must be between 1 and 1000 (the limit of "
+            "spec.tuning.maxTrials), not 100000000",
+        ),
         (["--confidence", "1"], "--confidence must be between 0.5 and 0.99, not 1.0"),
         (["--confidence", "0.3"], "--confidence must be between 0.5 and 0.99, not 0.3"),
         (["--backend", "gpu-cloud"], "unknown backend"),

@@ -87,7 +87,7 @@ class SearchValues(Record):
 
 
 class TuningOptions(Record):
-    max_trials: Annotated[int, Field(ge=1)] = defaults.MAX_TRIALS
+    max_trials: Annotated[int, Field(ge=1, le=defaults.MAX_TRIALS_LIMIT)] = defaults.MAX_TRIALS
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     sampler: Sampler = defaults.SAMPLER
     backend: str = defaults.LOCAL_BACKEND

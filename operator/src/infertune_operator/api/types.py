@@ -299,7 +299,7 @@ class SearchSpec(ApiModel):
 class TuningSpec(ApiModel):
     # maxTrials and backend stay unset in the stored object so an operator-wide default (Helm
     # values, operator settings) can apply; see `effective_*` and infertune_tuner.defaults.
-    max_trials: Annotated[int, Field(ge=1, le=1000)] | None = Field(
+    max_trials: Annotated[int, Field(ge=1, le=defaults.MAX_TRIALS_LIMIT)] | None = Field(
         default=None,
         description=f"Cap on executed trials (default {defaults.MAX_TRIALS}). A cap, not a target.",
     )

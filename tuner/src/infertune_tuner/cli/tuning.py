@@ -113,8 +113,11 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
                 raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
             overrides["seed"] = seed
         if max_trials is not None:
-            if max_trials < 1:
-                raise InputError("--max-trials must be at least 1")
+            if not 1 <= max_trials <= defaults.MAX_TRIALS_LIMIT:
+                raise InputError(
+                    f"--max-trials must be between 1 and {defaults.MAX_TRIALS_LIMIT} (the limit "
+                    f"of spec.tuning.maxTrials), not {max_trials}"
+                )
             overrides["max_trials"] = max_trials
         if sampler is not None:
             overrides["sampler"] = sampler
