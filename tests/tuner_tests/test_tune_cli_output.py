@@ -97,3 +97,28 @@ def test_the_progress_shows_the_phase_of_a_long_trial_and_its_elapsed_time() -> 
     before = out.getvalue()
     shown.finish()  # the bar goes; the command prints the result on stdout, once
     assert "trial executed" not in out.getvalue()[len(before) :]
+
+
+def test_the_simulated_pool_is_named_where_the_numbers_are_read(
+    tmp_path: Path, cli: CliRunner
+) -> None:
+    """The example asks for backend triton; locally it runs on the simulated pool, and a
+    reader of the console or the report must not take its numbers for GPU measurements."""
+    result = cli.invoke(app, ["tune", str(EXAMPLE), "--out", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stdout.split())
+    assert ("Tuning on the simulated GPU pool (the manifest's triton backend needs GPUs; "
+            "--backend triton to run it).") in " ".join(result.stderr.split())  # fmt: skip
+    pool = "Measured on the simulated GPU pool (the performance model with measurement noise)"
+    assert pool in said
+    for name in ("report.md", "report.html"):
+        assert pool in " ".join((tmp_path / name).read_text().split()), name
+
+    # Replayed measurements are measurements: no such line.
+    table = tmp_path / "table.csv"
+    exported = cli.invoke(app, ["export-replay", str(tmp_path), "--out", str(table)])
+    assert exported.exit_code == 0, exported.output
+    replayed = cli.invoke(app, ["tune", str(EXAMPLE), "--out", str(tmp_path / "r"),
+                                "--no-progress", "--backend", f"replay:{table}"])  # fmt: skip
+    assert "simulated GPU pool" not in replayed.stdout
+    assert pool not in (tmp_path / "r" / "report.md").read_text()

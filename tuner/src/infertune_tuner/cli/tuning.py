@@ -107,6 +107,12 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
 
         exit_on_sigterm()
         request = read_spec(spec, backend.split(":")[0])
+        if backend == defaults.LOCAL_BACKEND and request.tuning.backend != backend:
+            typer.echo(
+                f"Tuning on the simulated GPU pool (the manifest's {request.tuning.backend} "
+                f"backend needs GPUs; --backend {request.tuning.backend} to run it).",
+                err=True,  # context, with the progress: stdout is the result
+            )
         overrides: dict[str, object] = {"backend": backend}
         if seed is not None:
             if not 0 <= seed <= SEED_MAX:
@@ -165,6 +171,8 @@ def _summary(report: Report, paths: list[Path]) -> None:
     typer.echo(view.headline.text)
     if view.headline.next_step:
         typer.echo(f"Next: {view.headline.next_step}")
+    if view.pool:
+        typer.echo(view.pool)
     resumed = (
         f", {report.resumed_trials} of them by an earlier run" if report.resumed_trials else ""
     )

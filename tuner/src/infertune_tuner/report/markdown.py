@@ -51,6 +51,7 @@ def render_markdown(report: Report) -> str:
         f"**{v.headline.text}**",
         "",
         *([f"Next: {v.headline.next_step}", ""] if v.headline.next_step else []),
+        *([v.pool, ""] if v.pool else []),
         f"- Model `{r.model.name}` on `{r.gpu.product}` (at most {r.gpu.max_gpus_per_replica} GPUs "
         f"per replica), {r.workload.input_tokens} input / {r.workload.output_tokens} output tokens",
         "- SLO: "

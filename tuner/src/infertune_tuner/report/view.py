@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from infertune_tuner import defaults
 from infertune_tuner.metrics import latency_metric
 from infertune_tuner.report.headroom import headroom_line, unsettled
 from infertune_tuner.request import SloBound, TuningRequest
@@ -84,6 +85,7 @@ class View:
     headroom: str | None  # the room the chosen configuration leaves inside each bound
     headroom_warn: bool  # some bound is met only within run-to-run noise (headroom.unsettled)
     failures: list[str]  # what could not run, one line per structure or failure
+    pool: str | None  # what measured: said when it was not GPUs (the simulated pool)
 
 
 def _config(c: ConfigOut) -> str:
@@ -357,6 +359,18 @@ def build_view(report: Report) -> View:
         headroom=headroom_line(report),
         headroom_warn=bool(unsettled(report)),
         failures=[failure_line(f) for f in report.could_not_run],
+        pool=pool_line(report),
+    )
+
+
+def pool_line(report: Report) -> str | None:
+    """Where the numbers come from, when that is not GPUs: the simulated pool is the performance
+    model with measurement noise, and a reader must not take it for a measurement."""
+    if report.backend != defaults.LOCAL_BACKEND:
+        return None
+    return (
+        f"Measured on the simulated GPU pool (the performance model with measurement noise), not "
+        f"on {report.parsed_request().gpu.product} GPUs; --backend triton measures real ones."
     )
 
 
