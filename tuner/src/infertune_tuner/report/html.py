@@ -7,7 +7,7 @@ from markupsafe import Markup
 
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.report.plot import MAX_LABELS, pareto_svgs
-from infertune_tuner.report.view import build_view, chances_cell, error_pct
+from infertune_tuner.report.view import build_view, chances_cell, error_pct, measured_times
 from infertune_tuner.result import Report
 
 _env = Environment(
@@ -18,6 +18,7 @@ _env = Environment(
 )
 _env.globals["error_pct"] = error_pct
 _env.globals["chances_cell"] = chances_cell
+_env.globals["measured_times"] = measured_times
 _env.globals["latency_metrics"] = LATENCY_METRICS
 _env.globals["max_labels"] = MAX_LABELS
 

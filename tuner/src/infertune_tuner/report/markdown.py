@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infertune_tuner.metrics import LATENCY_METRICS
-from infertune_tuner.report.view import build_view, chances_cell, error_pct
+from infertune_tuner.report.view import build_view, chances_cell, error_pct, measured_times
 from infertune_tuner.result import Metrics, Report, Trial
 
 
@@ -105,7 +105,7 @@ def render_markdown(report: Report) -> str:
             f"{report.best.config.quantization} | {report.best.config.kv_cache_dtype} | "
             f"{m.output_tokens_per_s_per_gpu:.0f} | {_spread(m)} |",
             "",
-            f"Measured {report.best.repeats} times"
+            measured_times(report)
             + (
                 ": tok/s/GPU is the mean, each latency percentile the geometric mean of the "
                 "repeats (the typical run, what the SLO was checked against); spread between "

@@ -291,11 +291,25 @@ def plan(report: Report) -> str:
         if t.purpose in counts:
             counts[t.purpose] += 1
     out = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-    if out and report.best is not None:
-        first = next((i for i, t in enumerate(executed, 1) if t.config == report.best.config), None)
-        if first is not None:
-            out += f"; the best first measured in trial {first} of {len(executed)}"
+    if out and (trials := best_trials(report)):
+        out += f"; the best first measured in trial {trials[0]}"
     return out
+
+
+def best_trials(report: Report) -> list[int]:
+    """The numbers of the executed trials that measured the chosen configuration (as the
+    report's tables number trials; ``best.trial`` is the last of them)."""
+    if report.best is None:
+        return []
+    return [t.number for t in report.trials if t.executed and t.config == report.best.config]
+
+
+def measured_times(report: Report) -> str:
+    """ "Measured 2 times (trials 1, 4)": how often the chosen configuration ran, and where."""
+    assert report.best is not None
+    n, numbers = report.best.repeats, best_trials(report)
+    where = f" ({_trials(numbers)})" if numbers else ""
+    return f"Measured {n} time{'s' * (n != 1)}{where}"
 
 
 def chances_cell(t: Trial) -> str:
