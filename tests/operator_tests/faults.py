@@ -10,7 +10,9 @@
 * **Outages.** :class:`Outage` makes matching requests fail (503, or 429 with a Retry-After) for
   a while on an emulated clock (:class:`Clock`) that runs ``time_scale`` times faster than real
   time, so a 60-second outage lasts 3 real seconds at 0.05, and the operator's backoff runs at
-  the same scale. Every failed request is logged with its emulated time (``failures``).
+  the same scale. Every failed request is logged with its emulated time (``failures``); a
+  create with the name it would have created. An outage of GET also ends the watch streams
+  open when it starts (``FakeApiServer``): a real API server that fails its reads drops them.
 """
 
 from __future__ import annotations
@@ -154,6 +156,8 @@ class Outage:
         )  # fmt: skip
 
     def gaps(self, request: str | None = None) -> list[float]:
-        """Emulated seconds between consecutive failed attempts (of ``request``, if given)."""
-        times = [t for t, what in self.failures if request is None or what == request]
+        """Emulated seconds between consecutive failed attempts (of the requests that start with
+        ``request``, if given: ``POST jobs/`` is every Job create, ``POST jobs/a-`` those of
+        the Jobs whose names start with ``a-``)."""
+        times = [t for t, what in self.failures if request is None or what.startswith(request)]
         return [b - a for a, b in itertools.pairwise(times)]
