@@ -94,10 +94,10 @@ class FakeApiServer(kmock.KubernetesEmulator):
             return await pod_proxy.forward(getattr(self, "proxies", {}), request.url.path)
         for outage in getattr(self, "outages", []):
             plural = request.resource.plural if request.resource is not None else None
+            name = request.name or _created_name(request.data)
             if outage.active() and outage.matches(request.method.value, plural,
-                                                  request.subresource):  # fmt: skip
-                raise outage.fail(request.method.value, str(plural),
-                                  request.name or _created_name(request.data))  # fmt: skip
+                                                  request.subresource, name):  # fmt: skip
+                raise outage.fail(request.method.value, str(plural), name)
         if request.resource is not None and request.name is not None:
             live = self._live(request)
             if request.method.value == "PUT" and request.subresource is None:
@@ -120,9 +120,11 @@ class FakeApiServer(kmock.KubernetesEmulator):
         return await super()._handle(request)
 
     async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
-        """kmock's watch stream, ended when an outage of GET on the resource starts: a real API
-        server that fails its reads drops its watch connections too, and the client reconnects
-        into the outage (kmock's own stream would go on serving events through it)."""
+        """kmock's watch stream, ended when an outage (5xx) of GET on the resource starts: a real
+        API server that fails its reads drops its watch connections too, and the client
+        reconnects into the outage (kmock's own stream would go on serving events through it).
+        A throttle (429) leaves open streams alone, as API Priority and Fairness does: it
+        limits new requests only."""
         plural = request.resource.plural if request.resource is not None else None
         events = aiter(super()._serve_watch(request))
         pending: asyncio.Future[Any] | None = None
@@ -137,7 +139,7 @@ class FakeApiServer(kmock.KubernetesEmulator):
                         return
                     pending = None
                     yield event
-                elif any(o.active() and o.matches("GET", plural, None)
+                elif any(o.status >= 500 and o.active() and o.matches("GET", plural, None)
                          for o in getattr(self, "outages", [])):  # fmt: skip
                     return
         finally:
