@@ -1,5 +1,5 @@
 """A throttling API server (429 with a Retry-After): objects throttled together come back spread
-out, never sooner than asked.
+out, never sooner than asked, and a long throttle is shown in the status while it lasts.
 
 Times are emulated seconds (see ``test_api_outage``, whose clock scale and backoff these share).
 """
@@ -12,11 +12,16 @@ from pathlib import Path
 from . import faults
 from .apiserver import (
     FakeApiServer,
+    condition,
     create,
+    events_for,
+    get,
+    idf,
     jobs_of,
     manifest,
     start_operator,
     wait_for,
+    warning_events,
 )
 from .test_api_outage import BACKOFF, TIME_SCALE
 
@@ -49,3 +54,45 @@ async def test_objects_throttled_together_do_not_all_come_back_in_the_same_insta
     assert all(w >= 30 for w in waits), waits  # never sooner than the server asked
     # Spread above it: 8 objects do not send 8 requests the instant the 30 s are up.
     assert max(waits) - min(waits) >= 3, waits
+
+
+async def test_a_minute_long_throttle_is_shown_while_it_lasts_and_its_end_too(
+    api: FakeApiServer, kubeconfig: Path
+) -> None:
+    clock = faults.Clock(TIME_SCALE)
+    throttle = faults.Outage(clock, duration=60, methods=frozenset({"POST"}),
+                             plurals=frozenset({"jobs"}), status=429, retry_after=60)  # fmt: skip
+    api.outages = [throttle]
+    runner = await start_operator(api, backoff=BACKOFF)
+    try:
+        await create(api, manifest("slowed"))
+        await wait_for(
+            lambda: condition(get(api, "inferencedeployments", "slowed"), "Synced").get("reason")
+            == "ApiUnavailable",
+            timeout=30 * TIME_SCALE, what="Synced=False ApiUnavailable during the throttle",
+        )  # fmt: skip
+        assert throttle.active(), "the condition came only after the throttle"
+        synced = condition(idf(api, "slowed"), "Synced")
+        assert synced["status"] == "False"
+        assert synced["message"].startswith("ApiUnavailable since ")
+        assert "the API server asked to wait 60 s" in synced["message"]
+        assert "too many requests" in synced["message"]
+        [warning] = await warning_events(api, "slowed", "ApiUnavailable")
+        assert "asked to wait 60 s" in warning["message"]
+
+        await wait_for(lambda: jobs_of(api, "slowed"), timeout=120 * TIME_SCALE + 5,
+                       what="the tuner Job after the throttle")  # fmt: skip
+        await wait_for(
+            lambda: condition(get(api, "inferencedeployments", "slowed"), "Synced").get("reason")
+            == "ApiRecovered",
+            what="Synced=True ApiRecovered",
+        )  # fmt: skip
+        recovered = condition(idf(api, "slowed"), "Synced")
+        assert recovered["status"] == "True" and "ApiUnavailable since " in recovered["message"]
+        await wait_for(
+            lambda: [e for e in events_for(api, "slowed") if e["reason"] == "ApiRecovered"],
+            what="an ApiRecovered event",
+        )
+    finally:
+        await runner.stop()
+    assert len(throttle.failures) == 1  # one attempt, then the 60 s the server asked for
