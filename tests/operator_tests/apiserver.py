@@ -14,6 +14,7 @@ Kopf logs in through a custom login handler, the operator's client through ``Kub
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import os
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +48,10 @@ from . import faults, pod_proxy
 
 NS = "team-a"
 IDF_PATH = "infertune.io/v1alpha1/inferencedeployments"
+# How often an open watch stream checks whether an outage of GET began (real seconds): a tenth
+# of a second is 2 emulated seconds at the tests' usual TIME_SCALE of 0.05, well under any
+# backoff step the tests measure.
+WATCH_OUTAGE_POLL_S = 0.1
 
 RESOURCES: dict[str, dict[str, Any]] = {
     IDF_PATH: {"kind": "InferenceDeployment", "subresources": {"status"}},
@@ -89,9 +94,10 @@ class FakeApiServer(kmock.KubernetesEmulator):
             return await pod_proxy.forward(getattr(self, "proxies", {}), request.url.path)
         for outage in getattr(self, "outages", []):
             plural = request.resource.plural if request.resource is not None else None
+            name = request.name or _created_name(request.data)
             if outage.active() and outage.matches(request.method.value, plural,
-                                                  request.subresource):  # fmt: skip
-                raise outage.fail(request.method.value, str(plural), request.name)
+                                                  request.subresource, name):  # fmt: skip
+                raise outage.fail(request.method.value, str(plural), name)
         if request.resource is not None and request.name is not None:
             live = self._live(request)
             if request.method.value == "PUT" and request.subresource is None:
@@ -112,6 +118,36 @@ class FakeApiServer(kmock.KubernetesEmulator):
             data.append({"op": "replace", "path": "/metadata/resourceVersion",
                          "value": str(next(self._rv))})  # fmt: skip
         return await super()._handle(request)
+
+    async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
+        """kmock's watch stream, ended when an outage (5xx) of GET on the resource starts: a real
+        API server that fails its reads drops its watch connections too, and the client
+        reconnects into the outage (kmock's own stream would go on serving events through it).
+        A throttle (429) leaves open streams alone, as API Priority and Fairness does: it
+        limits new requests only."""
+        plural = request.resource.plural if request.resource is not None else None
+        events = aiter(super()._serve_watch(request))
+        pending: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                pending = pending or asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait({pending}, timeout=WATCH_OUTAGE_POLL_S)
+                if pending in done:
+                    try:
+                        event = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    pending = None
+                    yield event
+                elif any(o.status >= 500 and o.active() and o.matches("GET", plural, None)
+                         for o in getattr(self, "outages", [])):  # fmt: skip
+                    return
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await pending
+            await events.aclose()  # type: ignore[attr-defined]
 
     async def _render_error(self, exc: Exception) -> Any:
         # A failed JSON-patch "test" (Kopf's optimistic concurrency) is 422 on a real server.
@@ -242,6 +278,12 @@ class FakeApiServer(kmock.KubernetesEmulator):
             return 1
 
 
+def _created_name(data: Any) -> str | None:
+    """The name a create asks for (a create's URL names none)."""
+    name = ((data if isinstance(data, dict) else {}).get("metadata") or {}).get("name")
+    return str(name) if name else None
+
+
 def _rewrite(request: Any, **changes: Any) -> None:
     """Change a parsed request in place: kmock serves only the requests it logged (identity)."""
     for attr, value in changes.items():
@@ -342,32 +384,44 @@ class OperatorRunner:
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _ready: threading.Event = field(default_factory=threading.Event)
+    _exited: threading.Event = field(default_factory=threading.Event)
     errors: list[BaseException] = field(default_factory=list)
 
     def _login(self, **_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=self.url, insecure=True)
 
     def _main(self) -> None:
-        from infertune_operator.engine.handlers import run_operator
-
         try:
-            asyncio.run(
-                run_operator(
-                    kube=Kube.for_url(self.url),
-                    settings=self.settings,
-                    clusterwide=True,
-                    login=self._login,
-                    resync_interval=self.resync_interval,
-                    backoff=self.backoff,
-                    stop_flag=self._stop,
-                    ready_flag=self._ready,
-                )
-            )
+            asyncio.run(self._operate())
         except BaseException as exc:  # surfaced by stop()
             self.errors.append(exc)
 
+    async def _operate(self) -> None:
+        from infertune_operator.engine.handlers import run_operator
+
+        try:
+            await run_operator(
+                kube=Kube.for_url(self.url),
+                settings=self.settings,
+                clusterwide=True,
+                login=self._login,
+                resync_interval=self.resync_interval,
+                backoff=self.backoff,
+                stop_flag=self._stop,
+                ready_flag=self._ready,
+            )
+        finally:
+            self._exited.set()
+
+    @property
+    def running(self) -> bool:
+        """Whether the operator runs: started and not ended, by an error or otherwise. (Its
+        thread outlives it until stop(): Kopf waits for a threading stop flag in a thread.)"""
+        return self._thread is not None and not self._exited.is_set()
+
     async def start(self) -> OperatorRunner:
         self._stop, self._ready = threading.Event(), threading.Event()
+        self._exited = threading.Event()
         self._thread = threading.Thread(target=self._main, name="operator", daemon=True)
         self._thread.start()
         ok = await asyncio.to_thread(self._ready.wait, 10)

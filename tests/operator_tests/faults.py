@@ -10,7 +10,10 @@
 * **Outages.** :class:`Outage` makes matching requests fail (503, or 429 with a Retry-After) for
   a while on an emulated clock (:class:`Clock`) that runs ``time_scale`` times faster than real
   time, so a 60-second outage lasts 3 real seconds at 0.05, and the operator's backoff runs at
-  the same scale. Every failed request is logged with its emulated time (``failures``).
+  the same scale. Every failed request is logged with its emulated time (``failures``); a
+  create with the name it would have created. An outage (5xx) of GET also ends the watch
+  streams open when it starts (``FakeApiServer``): a real API server that fails its reads drops
+  them (a throttle, 429, does not).
 """
 
 from __future__ import annotations
@@ -122,18 +125,30 @@ class Outage:
     methods: frozenset[str] = frozenset({"POST", "PUT", "PATCH", "DELETE"})
     plurals: frozenset[str] | None = None  # None: every resource
     subresource: str | None = None  # "status": only status writes; None: the main resource too
+    # Only requests of one object whose name starts with this (the name a create asks for);
+    # None: every request, lists and watches included.
+    name_prefix: str | None = None
     status: int = 503
     retry_after: int | None = None  # seconds (emulated), sent as Retry-After
+    # False: the wait only in the Status's details.retryAfterSeconds (the operator reads both).
+    # With the header, urllib3 (under the kubernetes client) retries a GET, PUT or DELETE by
+    # itself, sleeping the header's seconds (real ones, not emulated) before the operator sees
+    # the error (urllib3 Retry.respect_retry_after_header, on by default).
+    retry_after_header: bool = True
     start: float = 0.0
     failures: list[tuple[float, str]] = field(default_factory=list)  # (emulated time, request)
 
     def active(self) -> bool:
         return self.start <= self.clock.now() < self.start + self.duration
 
-    def matches(self, method: str, plural: str | None, subresource: str | None) -> bool:
+    def matches(
+        self, method: str, plural: str | None, subresource: str | None, name: str | None = None
+    ) -> bool:
         if plural is None or method.upper() not in self.methods:
             return False
         if self.plurals is not None and plural not in self.plurals:
+            return False
+        if self.name_prefix is not None and not (name or "").startswith(self.name_prefix):
             return False
         return self.subresource is None or subresource == self.subresource
 
@@ -145,15 +160,19 @@ class Outage:
                 message="the server has received too many requests and has asked us to try "
                 "again later",
                 details={"retryAfterSeconds": self.retry_after or 1, "causes": []},
-                retry_after=self.retry_after,
+                retry_after=self.retry_after if self.retry_after_header else None,
             )  # fmt: skip
+        wait = {"retryAfterSeconds": self.retry_after} if self.retry_after else {}
         return RetryAfterError(
             status=self.status, reason="ServiceUnavailable",
             message="the server is currently unable to handle the request",
-            details={"causes": []}, retry_after=self.retry_after,
+            details={**wait, "causes": []},
+            retry_after=self.retry_after if self.retry_after_header else None,
         )  # fmt: skip
 
     def gaps(self, request: str | None = None) -> list[float]:
-        """Emulated seconds between consecutive failed attempts (of ``request``, if given)."""
-        times = [t for t, what in self.failures if request is None or what == request]
+        """Emulated seconds between consecutive failed attempts (of the requests that start with
+        ``request``, if given: ``POST jobs/`` is every Job create, ``POST jobs/a-`` those of
+        the Jobs whose names start with ``a-``)."""
+        times = [t for t, what in self.failures if request is None or what.startswith(request)]
         return [b - a for a, b in itertools.pairwise(times)]

@@ -181,10 +181,21 @@ def test_backoff_grows_caps_and_never_undercuts_retry_after() -> None:
     assert delays[0] < 1.3 and 40 <= delays[-1] <= 60
     assert all(b > a for a, b in itertools.pairwise(delays[:6]))  # until the cap
     assert policy.delay(1, retry_after=30, rng=rng) >= 30
-    assert policy.delay(1, retry_after=10**6, rng=rng) == policy.max_retry_after_s
-    assert Backoff(time_scale=0.5).delay(1, retry_after=10, rng=rng) == 5
+    assert 600 <= policy.delay(1, retry_after=10**6, rng=rng) <= 720  # max_retry_after_s, spread
+    assert 5 <= Backoff(time_scale=0.5).delay(1, retry_after=10, rng=rng) <= 6
     with pytest.raises(ValueError):
         Backoff(base_s=0)
+
+
+def test_objects_told_the_same_retry_after_come_back_spread_above_it() -> None:
+    policy = Backoff()
+    rng = random.Random(1)
+    delays = [policy.delay(2, retry_after=60, rng=rng) for _ in range(200)]
+    assert all(60 <= d <= 72 for d in delays)  # never sooner; at most the jitter (20 %) later
+    assert max(delays) - min(delays) > 10  # spread over the 12 s, not 200 requests at 60 s
+    assert policy.least(2, retry_after=60) == 60 <= min(delays)
+    # A Retry-After shorter than the backoff's own delay leaves the backoff as it is.
+    assert Backoff(jitter=0).delay(7, retry_after=5) == 60 == Backoff(jitter=0).least(7, 5)
 
 
 def test_retry_after_comes_from_the_header_or_the_status_details() -> None:

@@ -55,6 +55,7 @@ class Outage:
     since: str  # when the first of them failed (RFC 3339)
     attempts: int
     error: str  # the last error, as the API server said it
+    retry_after: float | None = None  # the longest wait the server asked for in it (seconds)
 
 
 @dataclass
@@ -203,10 +204,12 @@ class Context:
         key = (namespace, name)
         with self._guard:
             before = self._outages.get(key)
+            asked = [w for w in (before.retry_after if before else None, exc.retry_after) if w]
             outage = Outage(
                 since=before.since if before else self.clock(),
                 attempts=(before.attempts if before else 0) + 1,
                 error=str(exc),
+                retry_after=max(asked, default=None),
             )
             self._outages[key] = outage
         return outage

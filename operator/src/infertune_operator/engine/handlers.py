@@ -31,7 +31,9 @@ import copy
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Collection
+import random
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
@@ -256,7 +258,37 @@ class _NoProgress(kopf.ProgressStorage):
         return essence
 
 
-KOPF_ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21)  # Kopf's default for its own API calls
+# Kopf's default delays for its own API calls (seconds): they add up to 54 s, and then Kopf gives
+# up: a watch that fails that long ends the operator.
+KOPF_ERROR_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21)
+# After them, one attempt every 30 s for as long as it takes: client-go's reflector (the list and
+# watch of every Go controller) backs off the same way, 800 ms doubling up to 30 s
+# (k8s.io/client-go/tools/cache/reflector.go). An object created after an outage waits at most
+# that (plus the jitter) for its watch to come back: under the 60 s resync interval.
+KOPF_RETRY_CAP_S = 30.0
+# Each delay times a random factor in [1 - jitter, 1 + jitter]: the watches of one operator
+# (five kinds), and of every operator the outage hit, do not come back in the same instant.
+KOPF_RETRY_JITTER = 0.2
+
+
+@dataclass(frozen=True)
+class EndlessRetries:
+    """Kopf's retry delays for its own API calls (watches, listings, discovery), never used
+    up: ``KOPF_ERROR_BACKOFFS``, then ``KOPF_RETRY_CAP_S`` forever, each jittered and scaled by
+    ``time_scale``.
+
+    Kopf takes any iterable of delays and retries until it runs out; an iterable without a
+    length it never runs out of (kopf/_cogs/clients/api.py ``request``). It iterates once per
+    request, so this is an iterable (each request starts from the first delay), not an iterator.
+    On a 429 Kopf waits at least the server's Retry-After.
+    """
+
+    time_scale: float = 1.0
+    jitter: float = KOPF_RETRY_JITTER
+
+    def __iter__(self) -> Iterator[float]:
+        for delay in itertools.chain(KOPF_ERROR_BACKOFFS, itertools.repeat(KOPF_RETRY_CAP_S)):
+            yield delay * random.uniform(1 - self.jitter, 1 + self.jitter) * self.time_scale
 
 
 def operator_settings(time_scale: float = 1.0) -> kopf.OperatorSettings:
@@ -274,9 +306,12 @@ def operator_settings(time_scale: float = 1.0) -> kopf.OperatorSettings:
     s.watching.client_timeout = 660
     s.watching.connect_timeout = 30
     s.watching.reconnect_backoff = 1.0 * time_scale
-    # Kopf's own calls (watch listings, event posts) retry 5xx, 429 and no answer with these
-    # delays; on a 429 Kopf waits the longer of the delay and the server's Retry-After.
-    s.networking.error_backoffs = tuple(b * time_scale for b in KOPF_ERROR_BACKOFFS)
+    # Kopf's own calls (watches, listings) retry 5xx, 429, 403 and no answer with these delays,
+    # for as long as the API server fails: with a finite sequence (Kopf's default) a watch that
+    # fails for 54 s ends the operator, and only a restart (of a crash-looping pod) resumes work.
+    # The cost of never giving up: a watch refused for good (403 after an RBAC change) is
+    # retried every 30 s with an error logged each time, instead of ending the operator.
+    s.networking.error_backoffs = EndlessRetries(time_scale)
     s.watching.label_selectors["batch", "jobs"] = naming.LABEL_DEPLOYMENT
     s.watching.label_selectors["apps", "deployments"] = naming.LABEL_DEPLOYMENT
     s.watching.label_selectors["v1", "configmaps"] = REPORT_SELECTOR

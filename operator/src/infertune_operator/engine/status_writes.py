@@ -3,10 +3,12 @@
 :func:`write_status` folds a transition into the status (a merge patch of what changed) and
 posts its events. A sync that fails on a transient API error goes through :func:`retry_later`:
 the failure is counted (``Context.failed``), the backoff gives the delay of the object's next
-attempt, and once the failures last (:data:`OUTAGE_ATTEMPTS`) the status says so where it can
-still be written (``Synced=False ApiUnavailable since ...``, a Warning event). The first status
-written after a lasting outage says it is over (``Synced=True ApiRecovered``), also when the
-outage could never be written while it lasted.
+attempt, and once the outage lasts (:func:`lasting`: :data:`OUTAGE_ATTEMPTS` failures in a row,
+or at once when the server asks to wait as long as they would take) the status says so where it
+can still be written (``Synced=False ApiUnavailable since ...``, a Warning event; a throttle's
+message says how long the server asked to wait). The first status written after a lasting
+outage says it is over (``Synced=True ApiRecovered``), also when the outage could never be
+written while it lasted.
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ logger = logging.getLogger("infertune.operator")
 # (Synced=False ApiUnavailable) with a Warning event: with the default backoff (1 s, 2 s, ...)
 # about 3 s of failures. A single 409 from a concurrent write, or a blip, shows nothing.
 OUTAGE_ATTEMPTS = 3
+
+
+def lasting(ctx: Context, outage: Outage) -> bool:
+    """Whether an outage is shown in the status: :data:`OUTAGE_ATTEMPTS` failed syncs in a row,
+    or a single one whose answer asked to wait (Retry-After) at least as long as the attempts
+    before that one take with the backoff's nominal delays (1 s + 2 s = 3 s by default).
+
+    Such a server keeps the object waiting at least as long as the failures that are shown as
+    an outage, so it is said at once: counted in attempts, a 60 s throttle would show nothing
+    (its second attempt goes through) while the object waited a minute without a word.
+    """
+    waits = sum(ctx.backoff.nominal(n) for n in range(1, OUTAGE_ATTEMPTS))
+    return outage.attempts >= OUTAGE_ATTEMPTS or (outage.retry_after or 0) >= waits
 
 
 def write_new_status(
@@ -52,7 +67,7 @@ def retry_later(
     delay = ctx.backoff.delay(outage.attempts, exc.retry_after)
     logger.warning("%s/%s: sync failed (attempt %d, retrying in %.1f s): %s",
                    namespace, name, outage.attempts, delay, exc)  # fmt: skip
-    if body is not None and outage.attempts >= OUTAGE_ATTEMPTS:
+    if body is not None and lasting(ctx, outage):
         try:
             write_outage(ctx, body, outage)
         except KubeError as again:  # not writable either: the next attempt tries again
@@ -61,11 +76,16 @@ def retry_later(
 
 
 def write_outage(ctx: Context, body: Body, outage: Outage) -> None:
-    """Synced=False ApiUnavailable (and phase Pending for an object that has none yet)."""
+    """Synced=False ApiUnavailable (and phase Pending for an object that has none yet); when
+    the server asked to wait (a throttle's 429, or a 503, with a Retry-After), the message says
+    how long: ``ApiUnavailable since <time>: the API server asked to wait 60 s (<error>)``."""
     old = body.get("status") or {}
+    error = outage.error
+    if outage.retry_after:
+        error = f"the API server asked to wait {outage.retry_after:.0f} s ({error})"
     message = (
-        f"ApiUnavailable since {outage.since}: {outage.error}. Retrying with backoff; until "
-        "then the rest of this status may be out of date"
+        f"ApiUnavailable since {outage.since}: {error}. Retrying with backoff; until then the "
+        "rest of this status may be out of date"
     )
     transition = conditions.Transition(
         phase=old.get("phase") or "Pending",
@@ -111,8 +131,8 @@ def write_status(
     namespace, name = meta["namespace"], meta["name"]
     old = body.get("status") or {}
     outage = ctx.outage(namespace, name)
-    lasting = outage is not None and outage.attempts >= OUTAGE_ATTEMPTS
-    if lasting or conditions.has_condition(old, conditions.SYNCED, "False"):
+    shown = outage is not None and lasting(ctx, outage)
+    if shown or conditions.has_condition(old, conditions.SYNCED, "False"):
         # Said now even when the outage could never be written while it lasted.
         transition = replace(transition, conditions={
             **transition.conditions, conditions.SYNCED: _recovery(ctx, namespace, name, old),
@@ -134,7 +154,9 @@ def _recovery(ctx: Context, namespace: str, name: str, old: Body) -> conditions.
         (str(c.get("lastTransitionTime")) for c in old.get("conditions") or []
          if c.get("type") == conditions.SYNCED), "?",
     )  # fmt: skip
-    attempts = f"; {outage.attempts} attempts failed" if outage is not None else ""
+    attempts = ""
+    if outage is not None:
+        attempts = f"; {outage.attempts} attempt{'s' if outage.attempts != 1 else ''} failed"
     return conditions.Cond(
         "True", conditions.API_RECOVERED,
         f"the Kubernetes API answers again (ApiUnavailable since {since} until {ctx.clock()}"

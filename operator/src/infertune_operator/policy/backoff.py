@@ -21,7 +21,10 @@ class Backoff:
     Attempt n (1 = the first failure) waits ``min(cap_s, base_s * factor**(n-1))``, times a
     random factor in ``[1 - jitter, 1 + jitter]`` (objects that failed together do not retry in
     lockstep), and never less than the server's ``Retry-After`` (up to ``max_retry_after_s``: a
-    broken header does not park an object for hours).
+    broken header does not park an object for hours). When the Retry-After is the longer wait,
+    the delay is spread above it, in ``[Retry-After, Retry-After * (1 + jitter)]``: a throttled
+    API server answers every object with the same Retry-After, and N objects coming back the
+    instant it ends would send N requests at once, the burst that got them throttled.
 
     The numbers: the first retry after 1 s, doubling, at most 60 s apart: a 60 s outage costs
     about 7 attempts instead of one per resync tick, and an object is never left waiting longer
@@ -64,15 +67,26 @@ class Backoff:
             rng: The source of jitter (default: the ``random`` module's).
 
         Returns:
-            The wait, scaled by ``time_scale``.
+            The wait, scaled by ``time_scale``: never less than ``retry_after`` (up to
+            ``max_retry_after_s``), and then at most ``jitter`` of it more.
         """
-        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
-        wait = min(self.cap_s, self.nominal(attempt) * spread)
-        if retry_after is not None and retry_after > 0:
-            wait = max(wait, min(retry_after, self.max_retry_after_s))
+        draw = rng or random
+        wait = min(
+            self.cap_s, self.nominal(attempt) * draw.uniform(1 - self.jitter, 1 + self.jitter)
+        )
+        floor = self._floor(retry_after)
+        if wait < floor:
+            wait = floor * draw.uniform(1, 1 + self.jitter)
         return wait * self.time_scale
 
-    def least(self, attempt: int) -> float:
-        """The shortest delay :meth:`delay` can return for ``attempt`` (scaled): what a test
-        can rely on, whatever the jitter drew."""
-        return min(self.cap_s, self.nominal(attempt) * (1 - self.jitter)) * self.time_scale
+    def least(self, attempt: int, retry_after: float | None = None) -> float:
+        """The shortest delay :meth:`delay` can return for ``attempt`` and ``retry_after``
+        (scaled): what a test can rely on, whatever the jitter drew."""
+        shortest = min(self.cap_s, self.nominal(attempt) * (1 - self.jitter))
+        return max(shortest, self._floor(retry_after)) * self.time_scale
+
+    def _floor(self, retry_after: float | None) -> float:
+        """The server's Retry-After as the delay honours it (unscaled; 0 when none)."""
+        if retry_after is None or retry_after <= 0:
+            return 0.0
+        return min(retry_after, self.max_retry_after_s)
