@@ -131,9 +131,8 @@ class Outage:
     status: int = 503
     retry_after: int | None = None  # seconds (emulated), sent as Retry-After
     # False: the wait only in the Status's details.retryAfterSeconds (the operator reads both).
-    # With the header, urllib3 (under the kubernetes client) retries a GET, PUT or DELETE by
-    # itself, sleeping the header's seconds (real ones, not emulated) before the operator sees
-    # the error (urllib3 Retry.respect_retry_after_header, on by default).
+    # The header's seconds are real ones if anything sleeps on them: urllib3 would by default
+    # (Retry.respect_retry_after_header); kube.client turns that off.
     retry_after_header: bool = True
     start: float = 0.0
     failures: list[tuple[float, str]] = field(default_factory=list)  # (emulated time, request)

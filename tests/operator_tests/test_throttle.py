@@ -32,7 +32,7 @@ async def test_objects_throttled_together_do_not_all_come_back_in_the_same_insta
     # Throttled: every read of these objects (the first request of a sync, which goes out the
     # instant its retry is due), so the times the server sees are the retry delays, not the time
     # the rest of a sync takes on a busy machine. Kopf's watches, which name no object, are not.
-    # The wait is said in the Status only: with the header, urllib3 would retry a GET by itself.
+    # The wait is said in the Status only: the header's seconds would be real ones.
     names = [f"herd-{i}" for i in range(8)]
     clock = faults.Clock(TIME_SCALE)
     throttle = faults.Outage(clock, duration=90, methods=frozenset({"GET"}), name_prefix="herd-",
@@ -96,3 +96,28 @@ async def test_a_minute_long_throttle_is_shown_while_it_lasts_and_its_end_too(
     finally:
         await runner.stop()
     assert len(throttle.failures) == 1  # one attempt, then the 60 s the server asked for
+
+
+async def test_a_throttled_read_comes_back_to_the_operator_not_slept_on_by_the_http_library(
+    api: FakeApiServer,
+) -> None:
+    import asyncio
+
+    import pytest
+
+    from infertune_operator.kube.client import Kube
+    from infertune_operator.kube.errors import KubeError
+    from infertune_operator.kube.resources import INFERENCEDEPLOYMENTS
+
+    from .apiserver import NS, api_url
+
+    clock = faults.Clock(1.0)  # real seconds: what urllib3 would sleep is real time
+    throttle = faults.Outage(clock, duration=600, methods=frozenset({"GET"}), name_prefix="x",
+                             status=429, retry_after=2)  # with the header  # fmt: skip
+    api.outages = [throttle]
+    kube = Kube.for_url(api_url(api))
+    with pytest.raises(KubeError) as refused:
+        await asyncio.to_thread(kube.get, INFERENCEDEPLOYMENTS, NS, "x")
+    assert refused.value.retryable and refused.value.retry_after == 2
+    # One request: the wait (and its jitter) is the operator's backoff's to decide.
+    assert len(throttle.failures) == 1, throttle.failures

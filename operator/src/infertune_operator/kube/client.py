@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -372,6 +373,12 @@ def connect() -> Kube:
 def _configuration() -> k8s_client.Configuration:
     cfg = k8s_client.Configuration()
     cfg.connection_pool_maxsize = CONNECTION_POOL_MAXSIZE
+    # urllib3's default retries a GET, PUT or DELETE answered 429/503 with a Retry-After by
+    # itself, sleeping exactly that long in the handler thread: every object throttled together
+    # would come back in the same instant, unseen by the status. Those answers go to the
+    # operator's own backoff (policy.backoff: jittered, shown as Synced=False); only a
+    # connection that fails before any answer is retried here, as before.
+    cfg.retries = urllib3.util.Retry(total=3, respect_retry_after_header=False)
     return cfg
 
 
