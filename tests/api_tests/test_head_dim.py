@@ -1,5 +1,5 @@
-"""Attention heads wider or narrower than hiddenSize / heads (Qwen3, Mistral Small 3, Gemma 3),
-described by hand with `spec.model.architecture.headDim`."""
+"""Attention heads wider or narrower than hiddenSize / heads (Qwen3, Mistral Small 3, Gemma 3):
+by catalog name, or by hand with `spec.model.architecture.headDim`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,19 @@ A = "spec.model.architecture"
 # Qwen/Qwen3-30B-A3B config.json: 32 heads of head_dim 128 = 4096 wide, hidden_size 2048.
 QWEN3_30B_A3B = {"layers": 48, "hiddenSize": 2048, "heads": 32, "kvHeads": 4, "ffnSize": 768,
                  "vocabSize": 151936, "experts": 128, "expertsActive": 8}  # fmt: skip
-BY_HAND = {"qwen3-30b-a3b": QWEN3_30B_A3B}
+# Qwen/Qwen3-32B config.json: 64 heads of head_dim 128 = 8192 wide, hidden_size 5120.
+QWEN3_32B = {"layers": 64, "hiddenSize": 5120, "heads": 64, "kvHeads": 8, "ffnSize": 25600,
+             "vocabSize": 151936}  # fmt: skip
+# K and V, per layer, per KV head, head_dim values of 2 bytes (fp16/bf16 KV cache).
+QWEN3_32B_KV_BYTES_PER_TOKEN = 2 * 64 * 8 * 128 * 2
+# mistralai/Mistral-Small-24B-Instruct-2501 config.json: 32 x 128 = 4096, hidden_size 5120.
+MISTRAL_SMALL_24B = {"layers": 40, "hiddenSize": 5120, "heads": 32, "kvHeads": 8,
+                     "ffnSize": 32768, "vocabSize": 131072}  # fmt: skip
+# google/gemma-3-27b-it config.json's text_config: 32 x 128 = 4096, hidden_size 5376.
+GEMMA3_27B = {"layers": 62, "hiddenSize": 5376, "heads": 32, "kvHeads": 16, "ffnSize": 21504,
+              "vocabSize": 262208}  # fmt: skip
+BY_HAND = {"qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-32b": QWEN3_32B,
+           "mistral-small-24b": MISTRAL_SMALL_24B, "gemma-3-27b": GEMMA3_27B}  # fmt: skip
 # meta-llama/Meta-Llama-3-8B config.json: 4096 / 32 heads = 128, no head_dim of its own.
 LLAMA3_8B = {"layers": 32, "hiddenSize": 4096, "heads": 32, "kvHeads": 8, "ffnSize": 14336,
              "vocabSize": 128256}  # fmt: skip
@@ -72,7 +84,23 @@ def _predicted(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {t["config"]["tp"]: t["predicted"] for t in report["trials"] if t["executed"]}
 
 
-@pytest.mark.parametrize("key", BY_HAND)
+def test_qwen3_32b_by_name_validates_and_tunes_with_its_own_kv_size(
+    tmp_path: Path, cli: CliRunner
+) -> None:
+    spec = _write(tmp_path, {"name": "Qwen/Qwen3-32B"}, "named")
+    check = cli.invoke(app, ["validate", str(spec)])
+    assert check.exit_code == 0, check.output
+    tp1 = _predicted(_tune(cli, spec, tmp_path / "named"))[1]
+    # max batch sequences of 640 tokens at the published per-token size
+    expected = BATCH * (ISL + OSL) * QWEN3_32B_KV_BYTES_PER_TOKEN / GIB
+    assert tp1["fits"] and tp1["kv_cache_gib_per_gpu"] == pytest.approx(expected, abs=1e-3)
+    argv = ["predict", "--model", "Qwen/Qwen3-32B", "--gpu", "H100-SXM-80GB", "--json"]
+    predicted = json.loads(cli.invoke(app, argv).output)
+    assert predicted["model"] == "qwen3-32b"
+    assert predicted["kv_bytes_per_token_per_gpu"] == QWEN3_32B_KV_BYTES_PER_TOKEN
+
+
+@pytest.mark.parametrize("key", ["qwen3-30b-a3b", "qwen3-32b"])
 def test_a_model_by_hand_with_head_dim_predicts_as_the_catalog(
     tmp_path: Path, cli: CliRunner, key: str
 ) -> None:
