@@ -121,7 +121,7 @@ def weight_bytes(model: ModelArch, cfg: TrialConfig) -> float:
     """Stored weights per rank: layers split over TP (KV projections replicated past the KV
     heads), embedding and LM head vocab-parallel and kept in 16 bit."""
     hd = model.head_dim
-    attn = model.hidden_size * (2 * model.hidden_size / cfg.tp)
+    attn = model.hidden_size * (2 * model.q_size / cfg.tp)  # q and o: heads x head_dim wide
     attn += model.hidden_size * 2 * hd * _kv_heads_per_rank(model, cfg.tp)
     mlp = model.experts * 3 * model.hidden_size * model.ffn_size / cfg.tp
     layer = (attn + mlp) * WEIGHT_BYTES[cfg.quantization]

@@ -22,7 +22,9 @@ from infertune_tuner.space import build_space
 # max_position_embeddings of the models' Hugging Face config.json files.
 PUBLISHED_CONTEXT = {
     "llama-2-70b": 4096, "llama-3-8b": 8192, "llama-3.1-8b": 131072, "llama-3.1-70b": 131072,
-    "llama-3.1-405b": 131072, "mistral-7b": 32768, "qwen3-30b-a3b": 40960,
+    "llama-3.1-405b": 131072, "mistral-7b": 32768, "qwen3-30b-a3b": 40960, "qwen3-8b": 40960,
+    "qwen3-14b": 40960, "qwen3-32b": 40960, "qwen2.5-7b": 32768, "qwen2.5-32b": 32768,
+    "qwen2.5-72b": 32768, "mistral-small-24b": 32768, "gemma-3-27b": 131072,
 }  # fmt: skip
 
 # Qwen/Qwen3-30B-A3B config.json (the fields infertune reads).

@@ -74,7 +74,8 @@ def test_catalogs_have_the_contract_keys() -> None:
     assert set(MODELS) == {
         "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-8b",
         "llama-3.1-70b", "llama-3.1-405b", "mistral-7b", "mixtral-8x7b", "qwen2-7b", "qwen2-72b",
-        "qwen3-30b-a3b", "qwen3-235b-a22b",
+        "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen2.5-7b",
+        "qwen2.5-32b", "qwen2.5-72b", "mistral-small-24b", "gemma-3-27b",
     }  # fmt: skip
     assert "fp8" not in GPUS["A100-SXM-80GB"].quantizations
     assert "nvfp4" in GPUS["B200-SXM-192GB"].quantizations
@@ -92,9 +93,33 @@ def test_model_params_and_moe() -> None:
     assert mix.active_params == pytest.approx(12.9e9, rel=0.01)
 
 
+# Published sizes: the model cards' "Number of Parameters" (Qwen), the Hub's count of the
+# safetensors (Mistral Small 3).
+PUBLISHED_PARAMS = {
+    "qwen3-8b": 8.2e9, "qwen3-14b": 14.8e9, "qwen3-32b": 32.8e9, "qwen2.5-7b": 7.61e9,
+    "qwen2.5-32b": 32.5e9, "qwen2.5-72b": 72.7e9, "mistral-small-24b": 23.6e9,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", PUBLISHED_PARAMS)
+def test_dense_model_params_match_the_published_size(key: str) -> None:
+    assert MODELS[key].params == pytest.approx(PUBLISHED_PARAMS[key], rel=0.01)
+
+
+def test_gemma3_27b_params_match_the_technical_report() -> None:
+    """The Gemma 3 report counts 25,600 M non-embedding parameters in the 27B (its 27 B adds
+    the 1.4 B embedding, which the LM head shares, and a 0.4 B vision encoder)."""
+    gemma = MODELS["gemma-3-27b"]
+    non_embedding = gemma.params - 2 * gemma.embedding_params  # the catalog's LM head apart
+    assert non_embedding == pytest.approx(25.6e9, rel=0.01)
+
+
 def test_hf_ids_and_config_json() -> None:
     assert get_model("meta-llama/Llama-2-70b-chat-hf").key == "llama-2-70b"
     assert get_model("hf://Qwen/Qwen2-7B-Instruct").key == "qwen2-7b"
+    assert get_model("Qwen/Qwen2.5-72B-Instruct").key == "qwen2.5-72b"
+    assert get_model("mistralai/Mistral-Small-24B-Instruct-2501").key == "mistral-small-24b"
+    assert get_model("google/gemma-3-27b-it").key == "gemma-3-27b"
     with pytest.raises(InputError, match="unknown model"):
         get_model("gpt-17")
     cfg = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,

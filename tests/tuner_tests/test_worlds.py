@@ -23,7 +23,7 @@ from worldset import SCENARIOS, World, scenario_request, truth_of  # noqa: E402
 
 from infertune_tuner.backends.replay import load_table  # noqa: E402
 from infertune_tuner.catalog.gpus import get_gpu  # noqa: E402
-from infertune_tuner.catalog.llms import get_model  # noqa: E402
+from infertune_tuner.catalog.llms import MODELS, get_model  # noqa: E402
 from infertune_tuner.config import TrialConfig  # noqa: E402
 from infertune_tuner.errors import InputError  # noqa: E402
 from infertune_tuner.measurement import Measurement  # noqa: E402
@@ -40,6 +40,14 @@ LLAMA70 = get_model("llama-2-70b")
 
 def _knobs(family: str = "memory", gpu=H100, **changes):  # type: ignore[no-untyped-def]
     return replace(knobs_for(family, gpu, seed=0), **changes)
+
+
+@pytest.mark.parametrize("key", [k for k, m in MODELS.items() if m.experts == 1])
+def test_a_pool_stores_the_dense_models_parameters(key: str) -> None:
+    """In 16 bit on one GPU a pool holds every parameter in 2 bytes: the attention projections
+    heads x head_dim wide, also where that is not the hidden size (Qwen3, Gemma 3)."""
+    model = get_model(key)
+    assert physics.weight_bytes(model, TrialConfig(1, 8, "bf16", "auto")) == 2 * model.params
 
 
 def test_every_family_is_deterministic_per_seed_and_runs_differ_between_repeats() -> None:

@@ -52,6 +52,11 @@ class ModelShape(Record):
     vocab_size: int
     experts: int = 1
     experts_active: int = 1
+    # None: hidden_size / heads. Left out of the JSON when None, so that a request written
+    # before the field existed keeps its study name (search.driver.study_name hashes the dump).
+    head_dim: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
 
 
 class ModelRef(Record):
@@ -126,7 +131,7 @@ class TuningRequest(Record):
             return ModelArch(
                 key=self.model.name, layers=a.layers, hidden_size=a.hidden_size, heads=a.heads,
                 kv_heads=a.kv_heads, ffn_size=a.ffn_size, vocab_size=a.vocab_size,
-                experts=a.experts, experts_active=a.experts_active,
+                experts=a.experts, experts_active=a.experts_active, head_dim=a.head_dim or 0,
             )  # fmt: skip
         return get_model(self.model.name)
 

@@ -48,8 +48,8 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "heads must be a multiple of kvHeads",
         },
         {
-            "rule": "self.hiddenSize % self.heads == 0",
-            "message": "hiddenSize must be a multiple of heads",
+            "rule": "has(self.headDim) || self.hiddenSize % self.heads == 0",
+            "message": "hiddenSize must be a multiple of heads, or give headDim",
         },
         {
             "rule": "(has(self.expertsActive) ? self.expertsActive : 1) <= "

@@ -142,6 +142,11 @@ class ArchitectureOverride(ApiModel):
     experts_active: PositiveInt | None = Field(
         default=None, description="MoE experts active per token."
     )
+    head_dim: PositiveInt | None = Field(
+        default=None,
+        description="Width of one attention head, config.json's head_dim (default hiddenSize / "
+        "heads; Qwen3-32B: 128 with hiddenSize 5120 and 64 heads).",
+    )
 
     @model_validator(mode="after")
     def _heads_group(self) -> ArchitectureOverride:
@@ -149,9 +154,10 @@ class ArchitectureOverride(ApiModel):
             raise ValueError(
                 f"heads ({self.heads}) must be a multiple of kvHeads ({self.kv_heads})"
             )
-        if self.hidden_size % self.heads:
+        if self.head_dim is None and self.hidden_size % self.heads:
             raise ValueError(
-                f"hiddenSize ({self.hidden_size}) must be a multiple of heads ({self.heads})"
+                f"hiddenSize ({self.hidden_size}) must be a multiple of heads ({self.heads}), "
+                "or give headDim"
             )
         if (self.experts_active or 1) > (self.experts or 1):
             raise ValueError(

@@ -150,6 +150,37 @@ MODELS: dict[str, ModelArch] = {m.key: m for m in (
        ("Qwen/Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B-FP8", "nvidia/Qwen3-235B-A22B-FP8",
         "nvidia/Qwen3-235B-A22B-FP4"),
        experts=128, active=8, head_dim=128),
+    # Dense Qwen3: head_dim 128 (the 32B's 64 heads are 8192 wide, its hidden size 5120).
+    # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
+    _m("qwen3-8b",      36, 4096, 32,  8, 12288, 151936, 40960, ("Qwen/Qwen3-8B",), head_dim=128),
+    # https://huggingface.co/Qwen/Qwen3-14B/blob/main/config.json
+    _m("qwen3-14b",     40, 5120, 40,  8, 17408, 151936, 40960, ("Qwen/Qwen3-14B",), head_dim=128),
+    # https://huggingface.co/Qwen/Qwen3-32B/blob/main/config.json
+    _m("qwen3-32b",     64, 5120, 64,  8, 25600, 151936, 40960, ("Qwen/Qwen3-32B",), head_dim=128),
+    # Qwen2.5 Instruct: 32768 positions (the base models' config.json says 131072); the 7B and
+    # 72B have Qwen2's shapes.
+    # https://huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json
+    _m("qwen2.5-7b",    28, 3584, 28,  4, 18944, 152064, 32768, ("Qwen/Qwen2.5-7B-Instruct",)),
+    # https://huggingface.co/Qwen/Qwen2.5-32B-Instruct/blob/main/config.json
+    _m("qwen2.5-32b",   64, 5120, 40,  8, 27648, 152064, 32768, ("Qwen/Qwen2.5-32B-Instruct",)),
+    # https://huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json
+    _m("qwen2.5-72b",   80, 8192, 64,  8, 29568, 152064, 32768, ("Qwen/Qwen2.5-72B-Instruct",)),
+    # Mistral Small 3: head_dim 128 (32 heads x 128 = 4096 != hidden 5120).
+    # https://huggingface.co/mistralai/Mistral-Small-24B-Instruct-2501/blob/main/config.json
+    _m("mistral-small-24b", 40, 5120, 32, 8, 32768, 131072, 32768,
+       ("mistralai/Mistral-Small-24B-Instruct-2501",), head_dim=128),
+    # Gemma 3 27B, its language model: config.json's text_config (62 layers, 5376 hidden, 32
+    # heads, 16 KV heads of head_dim 128, 21504 FFN); the vocabulary (262208), the positions
+    # (131072) and tie_word_embeddings (true) are transformers' Gemma3TextConfig defaults, which
+    # that text_config leaves unset:
+    # https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json
+    # https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma3/configuration_gemma3.py
+    # Approximated: 52 of the 62 layers attend over a sliding window of 1024 tokens, modelled as
+    # full attention like every layer here (past 1024 tokens the KV cache is overestimated, up
+    # to 62/10 = 6.2x); the tied LM head is counted apart like every model's (params reads one
+    # 1.4 B embedding above the checkpoint); the 0.4 B vision encoder is left out.
+    _m("gemma-3-27b",   62, 5376, 32, 16, 21504, 262208, 131072, ("google/gemma-3-27b-it",),
+       head_dim=128),
 )}
 # fmt: on
 

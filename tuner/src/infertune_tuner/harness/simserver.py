@@ -297,7 +297,7 @@ def parse_architecture(text: str | None) -> dict[str, int] | None:
     if not isinstance(value, dict):
         raise InputError("--architecture must be a JSON object")
     allowed = {"layers", "hidden_size", "heads", "kv_heads", "ffn_size", "vocab_size", "experts",
-               "experts_active", "max_context"}  # fmt: skip
+               "experts_active", "max_context", "head_dim"}  # fmt: skip
     unknown = set(value) - allowed
     if unknown:
         raise InputError(f"--architecture: unknown keys {sorted(unknown)}")
