@@ -76,6 +76,28 @@ def test_bench_wrong_model_is_one_error_before_any_request(
     assert result.exit_code == 2
     assert result.stdout == ""  # no empty table
     assert result.stderr.startswith("error: --model 'nope': not served at")
+    assert result.stderr.rstrip().endswith("; it serves llm")  # what to give --model instead
+
+
+def test_simserver_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "infertune_tuner.cli.simserver", "--model", "llama-3-8b",
+             "--gpu", "L4-24GB", "--max-batch", "8", "--host", "127.0.0.1", "--port", str(port),
+             "--http-port", "-1"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: cannot bind the gRPC port 127.0.0.1:{port}: Address already in use (give --port)"
+    ]
 
 
 def test_bench_unreachable_server_exits_2(cli: CliRunner) -> None:

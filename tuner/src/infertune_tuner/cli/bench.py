@@ -156,6 +156,19 @@ def _check_bench_numbers(
         raise InputError(f"--seed must be between 0 and {SEED_MAX}, not {seed}")
 
 
+def _served_models(client: Any, timeout_s: float) -> list[str]:
+    """The models a Triton server has ready (its repository index; [] when it will not say)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        index = client.get_model_repository_index(as_json=True, client_timeout=timeout_s)
+    except InferenceServerException:
+        return []
+    models = index.get("models") or []
+    return sorted({str(m["name"]) for m in models if m.get("name") and
+                   m.get("state", "READY") == "READY"})  # fmt: skip
+
+
 def _check_served(url: str, model: str, *, connect_timeout_s: float) -> None:
     """The server answers and serves ``model``: checked before any request, so that a wrong
     --model is one error line, not a table of failed requests."""
@@ -174,6 +187,10 @@ def _check_served(url: str, model: str, *, connect_timeout_s: float) -> None:
         try:
             client.get_model_metadata(model, client_timeout=connect_timeout_s)
         except InferenceServerException as exc:
-            raise InputError(f"--model {model!r}: not served at {url}: {exc.message()}") from None
+            served = _served_models(client, connect_timeout_s)
+            listing = f"; it serves {', '.join(served)}" if served else ""
+            raise InputError(
+                f"--model {model!r}: not served at {url}: {exc.message()}{listing}"
+            ) from None
     finally:
         client.close()

@@ -160,6 +160,12 @@ class SimTritonService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self._known(request.name, request.version))
 
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        """The one model it serves, ready (what `infertune bench` lists for a wrong --model)."""
+        index = pb.RepositoryIndexResponse.ModelIndex
+        model = index(name=self.cfg.served_model, version="1", state="READY")
+        return pb.RepositoryIndexResponse(models=[model])
+
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
             name=SERVER_NAME, version=SERVER_VERSION, extensions=["model_configuration"]

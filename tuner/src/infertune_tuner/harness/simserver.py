@@ -163,6 +163,9 @@ class SimServer:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
         where = f"{self.cfg.host}:{self.cfg.port}"
+        if (busy := _bind_problem(self.cfg.host, self.cfg.port)) is not None:
+            # Said before gRPC tries: its core logs its own raw bind error to stderr first.
+            raise OSError(f"cannot bind the gRPC port {where}: {busy} (give --port)")
         try:
             bound = server.add_insecure_port(f"{_grpc_host(self.cfg.host)}:{self.cfg.port}")
         except RuntimeError:  # grpc says "Failed to bind": in use, or not an address of ours
@@ -246,6 +249,25 @@ async def _start_http(
     sockets = getattr(server, "sockets", None) or []
     bound = sockets[0].getsockname()[1] if sockets else port
     return runner, int(bound)
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now (e.g. "Address already in use"), None when it can
+    or cannot be told (port 0, an unresolvable host: gRPC's own bind says so)."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return str(exc.strerror or exc)
+    return None
 
 
 async def serve(cfg: SimServerConfig, stop: asyncio.Event | None = None) -> None:
