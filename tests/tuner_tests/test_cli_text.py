@@ -49,13 +49,27 @@ def test_a_wide_terminal_gets_one_line_per_row() -> None:
         assert ", ".join(sorted(g.quantizations)) in row
 
 
-def test_lists_wrap_and_nothing_goes_below_its_longest_word() -> None:
-    columns = ["key", "values"]
-    rows = [["a-long-key-name", "one two three-and-a-half four"]]
-    assert column_widths(columns, rows, 200) == [15, 29]
-    assert column_widths(columns, rows, 40) == [15, 25]  # the list wraps between its items
-    assert column_widths(columns, rows, 30) == [15, 16]  # down to its longest word, no further
-    assert column_widths(columns, rows, 5) == [15, 16]  # the key never shrinks
+def test_lists_wrap_and_nothing_goes_below_its_longest_item() -> None:
+    columns = ["key", "values", "link"]
+    rows = [["a-long-key-name", "one, two, three-and-a-half, four", "pcie 25 GB/s"]]
+    assert column_widths(columns, rows, 200) == [15, 32, 12]
+    assert column_widths(columns, rows, 50) == [15, 23, 12]  # the list wraps between its items
+    assert column_widths(columns, rows, 30) == [15, 16, 12]  # down to its longest item
+    assert column_widths(columns, rows, 5) == [15, 16, 12]  # one value never splits
+
+
+def test_a_pipe_gets_one_line_per_row() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "infertune_operator.cli", "gpus"],
+                         capture_output=True, text=True, check=True,
+                         env={k: v for k, v in __import__("os").environ.items()
+                              if k != "COLUMNS"}).stdout  # fmt: skip
+    for g in GPUS.values():
+        (row,) = [line for line in out.splitlines() if line.lstrip().startswith(g.key + " ")]
+        assert f"{g.link} {g.link_bandwidth_gbs:.0f} GB/s" in row
+        assert ", ".join(sorted(g.quantizations)) in row and ", ".join(g.product_labels) in row
 
 
 @pytest.mark.parametrize("columns", ["60", "80"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Annotated, Any
 
 import typer
@@ -23,11 +24,12 @@ def _public_fields(obj: object) -> dict[str, Any]:
 def column_widths(columns: list[str], rows: list[list[str]], available: int) -> list[int]:
     """Each column's width: the whole of every line of its cells where `available` (the sum of
     the widths, without borders and padding) allows;
-    short of that, the columns of several words (lists) give way, widest first, down to their
-    longest word. No column gets narrower than its longest word: nothing is ever cut."""
+    short of that, the columns of lists ("a, b, c") give way, widest first, down to their
+    longest item. No column gets narrower than its longest item: nothing is ever cut, and one
+    value ("pcie 25 GB/s") is never split across lines."""
     cells = [[col, *(row[i] for row in rows)] for i, col in enumerate(columns)]
     natural = [max(len(line) for c in col for line in c.splitlines() or [""]) for col in cells]
-    floor = [max((len(w) for c in col for w in c.split()), default=0) for col in cells]
+    floor = [max((len(w) for c in col for w in c.split(", ")), default=0) for col in cells]
     widths = list(natural)
     while sum(widths) > available:
         shrinkable = [i for i, w in enumerate(widths) if w > floor[i]]
@@ -43,9 +45,9 @@ def _listing(
 ) -> None:
     """Print a catalog as JSON or as a table whose first column is the key a user copies.
 
-    No value is ever cut (column_widths): lists wrap between their items, and a terminal (or a
-    pipe: 80 columns unless COLUMNS says otherwise) too narrow even for that gets the table at
-    the width it needs; the terminal wraps the lines.
+    No value is ever cut (column_widths): lists wrap between their items, and a terminal too
+    narrow even for that gets the table at the width it needs; the terminal wraps the lines. A
+    pipe gets one line per row (what grep and awk read) unless COLUMNS gives it a width.
     """
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -66,7 +68,9 @@ def _listing(
     console = Console()
     wide = console.options.update_width(10_000)
     chrome = Measurement.get(console, wide, table_of([1] * len(columns))).maximum - len(columns)
-    table = table_of(column_widths(columns, rows, console.width - chrome))
+    piped = not console.is_terminal and "COLUMNS" not in os.environ
+    available = 10_000 if piped else console.width - chrome
+    table = table_of(column_widths(columns, rows, available))
     needed = Measurement.get(console, wide, table).maximum
     if needed > console.width:
         console = Console(width=needed)

@@ -208,10 +208,11 @@ def confidence_gap(report: Report, *, short: bool = False) -> str | None:
     if p is None or conf is None or (1 - p) - conf < 0.0005:
         return None
     if short:
-        names = ", ".join(t.config.label() for t in report.near_ties) or "some"
+        names = ", ".join(t.config.label() for t in report.near_ties)
+        tied = f"measured {names}" if names else "other measured configurations"
         return (
-            f"lower than 1 - {p:.1%} because of near-ties: measured {names} within measurement "
-            "noise of the best"
+            f"lower than 1 - {p:.1%} because of near-ties: {tied} within measurement noise of "
+            "the best"
         )
     if not report.near_ties:
         return "several measured configurations lie within measurement noise of it."
