@@ -157,7 +157,7 @@ for target in "${TARGETS[@]}"; do
 done
 
 # How to install the chart with what was pushed (stderr: stdout carries --dry-run's commands).
-install=(helm install infertune charts/infertune --namespace infertune --create-namespace
+install=(helm install infertune charts/infertune --namespace infertune-system --create-namespace
   --set "image.registry=$REGISTRY")
 if [[ "$TAG" != "$(app_version)" ]]; then
   install+=(--set "image.operator.tag=$TAG" --set "image.tuner.tag=$TAG")
