@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -111,6 +112,7 @@ def main() -> int:
     )
     args = ap.parse_args()
 
+    started = time.perf_counter()
     tables = {s: {g: dict(f) for g, f in gens.items()} for s, gens in FITTED.items()}
     differs = []
     for stack in args.stack or list(FITS):
@@ -132,6 +134,9 @@ def main() -> int:
     section = markdown(factors)
     print()
     print(section)
+    fitted = args.stack or list(FITS)
+    print(f"fitted {len(fitted)} stack{'s' * (len(fitted) != 1)} in "
+          f"{time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
     if args.write:
         write_fitted(tables)
         write_docs(section)
