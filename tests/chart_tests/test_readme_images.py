@@ -104,6 +104,11 @@ def is_helm_install(words: list[str]) -> bool:
     return words[:2] == ["helm", "install"]
 
 
+def is_registry_install(words: list[str]) -> bool:
+    """The install of the images a registry serves (not the kind quick start's local image)."""
+    return is_helm_install(words) and any(w.startswith("image.registry=") for w in words)
+
+
 def app_version(lib: ModuleType) -> str:
     chart = yaml.safe_load((lib.CHART / "Chart.yaml").read_text())
     return str(chart["appVersion"])
@@ -179,7 +184,9 @@ def test_document_pushes_the_images_its_helm_install_deploys(
 ) -> None:
     cmds = commands((lib.REPO_ROOT / document).read_text())
     images_cmd = the_command(cmds, is_images_command, f"{document}: {SCRIPT}")
-    install_cmd = the_command(cmds, is_helm_install, f"{document}: helm install")
+    install_cmd = the_command(
+        cmds, is_registry_install, f"{document}: helm install --set image.registry"
+    )
 
     # The registry comes from a variable the document sets (so its lines paste as they are);
     # the test gives that variable the sample registry.
@@ -313,3 +320,28 @@ def test_script_usage(lib: ModuleType, fake_docker: tuple[dict[str, str], Path])
     # Without --dry-run it does call docker (here the fake, which fails: so does the script).
     proc = run_script(lib, docker_env, SAMPLE_REGISTRY)
     assert proc.returncode != 0 and trace.exists()
+
+
+def test_the_kind_quick_start_deploys_the_image_it_loads(
+    run_helm: RunHelm, lib: ModuleType
+) -> None:
+    """docs/install.md's kind block builds an image, loads it into kind, and installs the chart
+    with no registry: the operator the chart deploys must be that very image."""
+    cmds = commands((lib.REPO_ROOT / "docs" / "install.md").read_text())
+    build = the_command(cmds, lambda w: w[:2] == ["docker", "build"], "docker build")
+    loaded = the_command(cmds, lambda w: w[:3] == ["kind", "load", "docker-image"], "kind load")
+    image = build[build.index("-t") + 1]
+    assert loaded[3] == image, (build, loaded)
+    install = the_command(cmds, lambda w: is_helm_install(w) and not is_registry_install(w),
+                          "helm install without a registry")  # fmt: skip
+    assert lib.operator_container(helm_template(run_helm, lib, install))["image"] == image
+
+
+def test_every_document_installs_into_one_namespace(lib: ModuleType) -> None:
+    found: dict[str, set[str]] = {}
+    for document in [*DOCUMENTS, "charts/infertune/README.md", SCRIPT]:
+        text = (lib.REPO_ROOT / document).read_text()
+        for flag, namespace in re.findall(r"(--namespace|-n)[ =]([\w-]+)", text):
+            if re.search(rf"helm [^\n]*{flag}[ =]{namespace}", text):
+                found.setdefault(namespace, set()).add(document)
+    assert list(found) == ["infertune-system"], found
