@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -232,12 +233,31 @@ def _last_worker(search: Search) -> bool:
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:
-    """Write report.json, report.md and report.html into out_dir."""
+    """Write report.json, report.md and report.html into out_dir: all three or none.
+
+    Each is written in full to a file of its own beside it, and only then are the three renamed
+    into place (report.json last: once it is there, so are the others): a run stopped while it
+    writes, or a full disk, leaves the earlier report, if any, whole, and no report in part."""
     from infertune_tuner.report import render_html, render_markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.html"]
-    paths[0].write_text(report.to_json() + "\n", encoding="utf-8")
-    paths[1].write_text(render_markdown(report), encoding="utf-8")
-    paths[2].write_text(render_html(report), encoding="utf-8")
-    return paths
+    texts = {
+        "report.md": render_markdown(report),
+        "report.html": render_html(report),
+        "report.json": report.to_json() + "\n",
+    }
+    written: dict[Path, Path] = {}  # where it goes -> where it was written
+    try:
+        for name, text in texts.items():
+            part = out_dir / f".{name}.{uuid.uuid4().hex[:8]}.part"
+            written[out_dir / name] = part
+            with part.open("x", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for path, part in written.items():
+            part.replace(path)
+    finally:
+        for part in written.values():
+            part.unlink(missing_ok=True)  # those not renamed: written in vain
+    return [out_dir / "report.json", out_dir / "report.md", out_dir / "report.html"]
