@@ -22,6 +22,7 @@ from infertune_tuner import __version__, defaults
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.interrupt import by_ctrl_c
 from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
@@ -177,21 +178,25 @@ def tune(
             deadline=deadline, lock=ClaimLock(storage, name), shared=shared, setup=setup,
             retry_failed=retry_failed,
         )  # fmt: skip
-        if not shared:  # no other process works on a journal: what still runs was interrupted
-            search.recover_interrupted()
-        if on_start is not None:
-            notes = tuple(lock.notes) if lock else ()
-            on_start(
-                StudyStart(study.study_name, len(executed_trials(study)), search.max_trials, notes)
-            )
+        # From the study's opening on, a Ctrl-C, wherever it lands, ends the search with the
+        # report of the trials done (then exit 130).
         try:
+            if not shared:  # no other process works on a journal: what still runs was interrupted
+                search.recover_interrupted()
+            if on_start is not None:
+                notes = tuple(lock.notes) if lock else ()
+                on_start(
+                    StudyStart(
+                        study.study_name, len(executed_trials(study)), search.max_trials, notes
+                    )
+                )
             outcome = search.run(backends)
-        except KeyboardInterrupt:  # Ctrl-C: the report of the trials done, then exit 130
-            outcome = SearchOutcome(INTERRUPTED, study)
-        except Exception as exc:
-            if (fault := storage_fault(exc)) is None:
+        except BaseException as exc:
+            if not by_ctrl_c(exc):
+                if isinstance(exc, Exception) and (fault := storage_fault(exc)) is not None:
+                    raise fault from None  # the disk, not the search: the caller says which file
                 raise
-            raise fault from None  # the disk, not the search: the caller says which file
+            outcome = SearchOutcome(INTERRUPTED, study)
         if shared and not _last_worker(search):
             return None
         return build_report(
