@@ -22,7 +22,7 @@ from infertune_tuner import __version__, defaults
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.interrupt import by_ctrl_c
+from infertune_tuner.interrupt import by_ctrl_c, settle
 from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
@@ -191,7 +191,9 @@ def tune(
                     )
                 )
             outcome = search.run(backends)
+            settle()  # the search ended by itself: a Ctrl-C now would only cut its report short
         except BaseException as exc:
+            settle()  # the search has ended
             if not by_ctrl_c(exc):
                 if isinstance(exc, Exception) and (fault := storage_fault(exc)) is not None:
                     raise fault from None  # the disk, not the search: the caller says which file
@@ -204,6 +206,9 @@ def tune(
             duration_s=time.monotonic() - started, run=search.scope, seed=seed,
             run_id=run_id,
         )  # fmt: skip
+    except BaseException:
+        settle()  # ended before the search could begin: its clean-up must not be cut short
+        raise
     finally:
         for b in backends:
             b.close()
