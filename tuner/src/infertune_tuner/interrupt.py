@@ -19,33 +19,59 @@ KeyboardInterrupt lands in a sampler's `after_trial` (inside `Study.tell`), read
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    UnraisableHook = Callable[[sys.UnraisableHookArgs], Any]
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers
+# What Python writes (as an unraisable error) for a SIGINT that arrived while its handler became
+# SIG_IGN (bpo-43406): a Ctrl-C at the moment the run settled, to be ignored as the rest are.
+RACE = f"Signal {int(signal.SIGINT)} ignored due to race condition"
+
+
+def _quiet(hook: UnraisableHook) -> UnraisableHook:
+    def quiet(unraisable: sys.UnraisableHookArgs) -> None:
+        if not (isinstance(unraisable.exc_value, OSError) and str(unraisable.exc_value) == RACE):
+            hook(unraisable)
+
+    return quiet
 
 
 class _Arming:
     def __init__(self, until_exit: bool) -> None:
         self.until_exit = until_exit
         self.previous: Handler | None = None  # SIGINT's handler before settle() (None: unset)
+        self.hook: UnraisableHook | None = None
 
     def settle(self) -> None:
         if self.previous is not None or threading.current_thread() is not threading.main_thread():
             return  # settled already; or not the thread Python runs signal handlers in
         # None: a handler installed outside Python, which cannot be put back: the default then.
-        self.previous = signal.getsignal(signal.SIGINT) or signal.SIG_DFL
-        # Ignored by the kernel, not by a Python handler: Python puts its own handlers back to
-        # the default (death by the signal) while it exits. A process started from now on would
-        # inherit it ignored; a settled run starts none.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = signal.getsignal(signal.SIGINT) or signal.SIG_DFL
+        self.hook = sys.unraisablehook
+        sys.unraisablehook = _quiet(self.hook)
+        while True:
+            try:
+                # Ignored by the kernel, not by a Python handler: Python puts its handlers back
+                # to the default (death by the signal) while it exits. A process started from
+                # now on would inherit it ignored; a settled run starts none.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                break
+            except KeyboardInterrupt:  # one that came just before: the run settles all the same
+                continue
+        self.previous = previous
 
     def disarm(self) -> None:
         if self.previous is not None and not self.until_exit:
             signal.signal(signal.SIGINT, self.previous)
+            if self.hook is not None:
+                sys.unraisablehook = self.hook
 
 
 _armed: _Arming | None = None
