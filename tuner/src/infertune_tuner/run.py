@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from infertune_tuner import __version__, defaults
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.interrupt import by_ctrl_c, settle
 from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
@@ -176,21 +178,27 @@ def tune(
             deadline=deadline, lock=ClaimLock(storage, name), shared=shared, setup=setup,
             retry_failed=retry_failed,
         )  # fmt: skip
-        if not shared:  # no other process works on a journal: what still runs was interrupted
-            search.recover_interrupted()
-        if on_start is not None:
-            notes = tuple(lock.notes) if lock else ()
-            on_start(
-                StudyStart(study.study_name, len(executed_trials(study)), search.max_trials, notes)
-            )
+        # From the study's opening on, a Ctrl-C, wherever it lands, ends the search with the
+        # report of the trials done (then exit 130).
         try:
+            if not shared:  # no other process works on a journal: what still runs was interrupted
+                search.recover_interrupted()
+            if on_start is not None:
+                notes = tuple(lock.notes) if lock else ()
+                on_start(
+                    StudyStart(
+                        study.study_name, len(executed_trials(study)), search.max_trials, notes
+                    )
+                )
             outcome = search.run(backends)
-        except KeyboardInterrupt:  # Ctrl-C: the report of the trials done, then exit 130
-            outcome = SearchOutcome(INTERRUPTED, study)
-        except Exception as exc:
-            if (fault := storage_fault(exc)) is None:
+            settle()  # the search ended by itself: a Ctrl-C now would only cut its report short
+        except BaseException as exc:
+            settle()  # the search has ended
+            if not by_ctrl_c(exc):
+                if isinstance(exc, Exception) and (fault := storage_fault(exc)) is not None:
+                    raise fault from None  # the disk, not the search: the caller says which file
                 raise
-            raise fault from None  # the disk, not the search: the caller says which file
+            outcome = SearchOutcome(INTERRUPTED, study)
         if shared and not _last_worker(search):
             return None
         return build_report(
@@ -198,6 +206,9 @@ def tune(
             duration_s=time.monotonic() - started, run=search.scope, seed=seed,
             run_id=run_id,
         )  # fmt: skip
+    except BaseException:
+        settle()  # ended before the search could begin: its clean-up must not be cut short
+        raise
     finally:
         for b in backends:
             b.close()
@@ -232,12 +243,31 @@ def _last_worker(search: Search) -> bool:
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:
-    """Write report.json, report.md and report.html into out_dir."""
+    """Write report.json, report.md and report.html into out_dir: all three or none.
+
+    Each is written in full to a file of its own beside it, and only then are the three renamed
+    into place (report.json last: once it is there, so are the others): a run stopped while it
+    writes, or a full disk, leaves the earlier report, if any, whole, and no report in part."""
     from infertune_tuner.report import render_html, render_markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.html"]
-    paths[0].write_text(report.to_json() + "\n", encoding="utf-8")
-    paths[1].write_text(render_markdown(report), encoding="utf-8")
-    paths[2].write_text(render_html(report), encoding="utf-8")
-    return paths
+    texts = {
+        "report.md": render_markdown(report),
+        "report.html": render_html(report),
+        "report.json": report.to_json() + "\n",
+    }
+    written: dict[Path, Path] = {}  # where it goes -> where it was written
+    try:
+        for name, text in texts.items():
+            part = out_dir / f".{name}.{uuid.uuid4().hex[:8]}.part"
+            written[out_dir / name] = part
+            with part.open("x", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for path, part in written.items():
+            part.replace(path)
+    finally:
+        for part in written.values():
+            part.unlink(missing_ok=True)  # those not renamed: written in vain
+    return [out_dir / "report.json", out_dir / "report.md", out_dir / "report.html"]

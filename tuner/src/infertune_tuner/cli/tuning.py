@@ -11,6 +11,7 @@ translation of the API into a request stays where the API lives.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Protocol
@@ -21,6 +22,7 @@ from infertune_tuner import defaults
 from infertune_tuner.backends import BACKEND_HELP
 from infertune_tuner.cli.support import KvDtypeOption, QuantOption, exit_on_sigterm, one_of
 from infertune_tuner.errors import InputError
+from infertune_tuner.interrupt import by_ctrl_c, settle, settling
 from infertune_tuner.request import SEED_MAX, Sampler, TuningRequest
 
 if TYPE_CHECKING:
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 EXIT_NO_FEASIBLE = 3
 EXIT_TRIALS_FAILED = 4
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for Ctrl-C (SIGINT); the report is written
+INTERRUPTED_EARLY = "Interrupted (Ctrl-C) while the search was set up: no trial ran, no report."
+START_AGAIN = "Re-run the same command to tune."
 
 
 class SpecReader(Protocol):
@@ -47,6 +51,7 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
     """The `tune` command, reading its SPEC with ``read_spec``."""
 
     def tune(
+        ctx: typer.Context,
         spec: Annotated[Path, typer.Argument(help="InferenceDeployment manifest (YAML or JSON).")],
         backend: Annotated[
             str, typer.Option(help=f"{BACKEND_HELP}.", metavar="BACKEND")
@@ -98,6 +103,41 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
         trials (on a machine with GPUs and Triton), `--backend replay:table.csv` replays
         recorded measurements. Re-running with the same output directory resumes the study.
         """
+        with settling(until_exit=_the_program(ctx)):
+            _tune(
+                read_spec, spec, backend=backend, out=out, seed=seed, max_trials=max_trials,
+                sampler=sampler, confidence=confidence, server_command=server_command,
+                progress=progress, retry_failed=retry_failed,
+            )  # fmt: skip
+
+    return tune
+
+
+def _the_program(ctx: typer.Context) -> bool:
+    """Whether the command runs as the process's program (`infertune tune ...`: the program's
+    name is the command line's), not inside another one (a test's CliRunner): then a Ctrl-C
+    that may no longer stop the run is ignored until the process exits."""
+    return ctx.find_root().info_name == Path(sys.argv[0]).name
+
+
+def _tune(
+    read_spec: SpecReader,
+    spec: Path,
+    *,
+    backend: str,
+    out: Path | None,
+    seed: int | None,
+    max_trials: int | None,
+    sampler: str | None,
+    confidence: float | None,
+    server_command: str | None,
+    progress: bool,
+    retry_failed: bool,
+) -> None:
+    """`tune`, its exit status decided here: by the report's outcome (:func:`_summary`), or
+    130 for a Ctrl-C before the search began."""
+    exit_on_sigterm()
+    try:
         from sqlalchemy.exc import SQLAlchemyError
 
         from infertune_tuner.cli.progress import TuneProgress
@@ -105,7 +145,6 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
         from infertune_tuner.run import write_report
         from infertune_tuner.storage import mask_url
 
-        exit_on_sigterm()
         request = read_spec(spec, backend.split(":")[0])
         if backend == defaults.LOCAL_BACKEND and request.tuning.backend != backend:
             typer.echo(
@@ -136,6 +175,8 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
         out_dir = out or Path("infertune-out") / request.name
         shown = TuneProgress(out_dir, bar=progress)
         try:
+            # Returns settled (interrupt.py): from the study's opening on, a Ctrl-C ends the
+            # search with the report of the trials done.
             report = run_tune(
                 request, backend=backend, out_dir=out_dir, server_command=server_command,
                 on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
@@ -145,7 +186,10 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
             if report is not None:
                 paths = write_report(report, out_dir)
         except BaseException as exc:
+            settle()
             shown.finish()
+            if by_ctrl_c(exc):
+                raise
             if isinstance(exc, OSError):  # a full disk, a folder gone read-only mid-run
                 where = exc.filename or out_dir
                 raise InputError(f"{where}: cannot write: {exc.strerror or exc}") from None
@@ -154,12 +198,17 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
                 reason = getattr(exc, "orig", None) or exc
                 raise InputError(f"spec.tuning.storage {url}: cannot use it: {reason}") from None
             raise
-        if report is None:  # a worker of a shared study: the last worker writes the report
-            typer.echo("worker done; the last worker of the shared study writes the report")
-            return
-        _summary(report, paths)
-
-    return tune
+    except BaseException as exc:
+        if not by_ctrl_c(exc):
+            raise
+        settle()  # before the study opened: no trial ran, no report is written
+        typer.echo(INTERRUPTED_EARLY)
+        typer.echo(f"Next: {START_AGAIN}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if report is None:  # a worker of a shared study: the last worker writes the report
+        typer.echo("worker done; the last worker of the shared study writes the report")
+        return
+    _summary(report, paths)
 
 
 def _summary(report: Report, paths: list[Path]) -> None:
