@@ -157,3 +157,37 @@ def test_ctrl_c_at_any_moment_ends_with_the_result_or_the_interrupted_headline(
     stopped = list(MOMENTS).index("the search stopped")
     assert all(r.signalled for r in runs[:stopped]), [r.moment for r in runs if not r.signalled]
     assert sum(r.proc.returncode == 130 for r in runs) >= stopped
+
+
+def test_sigterm_mid_search_exits_143_without_a_traceback(tmp_path: Path) -> None:
+    """SIGTERM (a pod deleted, `kill`) while trials are told: the exit status says so, whatever
+    Optuna raised while the SystemExit unwound its trial loop."""
+    for i, moment in enumerate(("the first trial told", "the third decision")):
+        run = _start(tmp_path, i, moment)
+        try:
+            while run.proc.poll() is None and not MOMENTS[moment](run.out, run.said()):
+                assert time.monotonic() - run.started < WITHIN_S, f"{moment}: hangs"
+                time.sleep(0.005)
+            run.proc.send_signal(signal.SIGTERM)
+            run.proc.wait(timeout=WITHIN_S)
+        finally:
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()
+        what = f"SIGTERM at {moment}: exit {run.proc.returncode}\n{run.said()}\n{run.err()}"
+        assert run.proc.returncode in (0, 143), what
+        assert "Traceback" not in run.said() + run.err(), what
+
+
+def test_an_error_raised_while_sigterm_unwinds_is_the_sigterm() -> None:
+    from infertune_tuner.interrupt import exit_behind
+
+    stop = SystemExit(143)
+    try:
+        try:
+            raise stop
+        finally:
+            raise UnboundLocalError("cannot access local variable 'updated_state'")  # Optuna's
+    except UnboundLocalError as exc:
+        assert exit_behind(exc) is stop
+    assert exit_behind(ValueError("no")) is None

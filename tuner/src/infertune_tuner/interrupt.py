@@ -99,6 +99,19 @@ def settle() -> None:
         _armed.settle()
 
 
+def exit_behind(exc: BaseException) -> SystemExit | None:
+    """The SystemExit (SIGTERM: ``cli.support.exit_on_sigterm``) an error was raised while
+    unwinding, as Optuna's trial loop does for a Ctrl-C (None: none is behind it)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, SystemExit):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
+
+
 def by_ctrl_c(exc: BaseException) -> bool:
     """Whether `exc` is a Ctrl-C, or an error raised while a Ctrl-C unwound the stack."""
     seen: set[int] = set()

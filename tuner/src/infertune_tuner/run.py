@@ -22,7 +22,7 @@ from infertune_tuner import __version__, defaults
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.interrupt import by_ctrl_c, settle
+from infertune_tuner.interrupt import by_ctrl_c, exit_behind, settle
 from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.packing import GpuSet, slots
 from infertune_tuner.perfmodel.latency import Prediction, predict
@@ -195,6 +195,8 @@ def tune(
         except BaseException as exc:
             settle()  # the search has ended
             if not by_ctrl_c(exc):
+                if (stop := exit_behind(exc)) is not None and stop is not exc:
+                    raise stop from None  # SIGTERM, whatever Optuna raised while it unwound
                 if isinstance(exc, Exception) and (fault := storage_fault(exc)) is not None:
                     raise fault from None  # the disk, not the search: the caller says which file
                 raise
