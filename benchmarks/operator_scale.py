@@ -83,6 +83,7 @@ async def emulate(count: int, rate: float, concurrency: int, timeout: float) -> 
         object of the resource): the operator watches only the ConfigMaps that are reports.
         """
 
+        watches_end_in_outages = False  # no faults here: stream events as a plain server does
         job_created: dict[str, float] = {}
         status_written: set[str] = set()
         watched: set[str] = set()

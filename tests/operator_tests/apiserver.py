@@ -119,12 +119,20 @@ class FakeApiServer(kmock.KubernetesEmulator):
                          "value": str(next(self._rv))})  # fmt: skip
         return await super()._handle(request)
 
+    # False where no outage is ever injected (benchmarks/operator_scale.py): each event then
+    # costs no check for one.
+    watches_end_in_outages = True
+
     async def _serve_watch(self, request: Any) -> AsyncIterator[Any]:
         """kmock's watch stream, ended when an outage (5xx) of GET on the resource starts: a real
         API server that fails its reads drops its watch connections too, and the client
         reconnects into the outage (kmock's own stream would go on serving events through it).
         A throttle (429) leaves open streams alone, as API Priority and Fairness does: it
         limits new requests only."""
+        if not self.watches_end_in_outages:
+            async for event in super()._serve_watch(request):
+                yield event
+            return
         plural = request.resource.plural if request.resource is not None else None
         events = aiter(super()._serve_watch(request))
         pending: asyncio.Future[Any] | None = None
