@@ -268,7 +268,10 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
                 f.flush()
                 os.fsync(f.fileno())
         for path, part in written.items():
-            part.replace(path)
+            try:
+                part.replace(path)
+            except OSError as exc:  # report.json a folder, say: the error names the report's path
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
     finally:
         for part in written.values():
             part.unlink(missing_ok=True)  # those not renamed: written in vain
