@@ -159,10 +159,12 @@ def tune(
         prior = Prior.build(request, space, priors, search_settings)
         run_id = uuid.uuid4().hex
         setup = setup_fingerprint(backend, server_command)
+        # Whose failed trials are evidence, one answer for the sampler and the driver: every
+        # worker's on a shared study; else this set-up's (this run's alone with retry_failed).
+        scope = failure_scope(run_id, setup, shared=shared, retry_failed=retry_failed)
         sampler = make_sampler(
-            prior, search_settings, seed=seed, planner=planner_factory,
-            scope=failure_scope(run_id, setup, shared=shared, retry_failed=retry_failed),
-        )  # fmt: skip
+            prior, search_settings, seed=seed, planner=planner_factory, scope=scope
+        )
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", load_if_exists=True,
             sampler=sampler,
@@ -176,7 +178,7 @@ def tune(
         search = Search(
             prior, search_settings, study, run_id=run_id, on_trial=on_trial,
             deadline=deadline, lock=ClaimLock(storage, name), shared=shared, setup=setup,
-            retry_failed=retry_failed,
+            scope=scope,
         )  # fmt: skip
         # From the study's opening on, a Ctrl-C, wherever it lands, ends the search with the
         # report of the trials done (then exit 130).

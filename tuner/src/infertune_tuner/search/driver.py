@@ -154,7 +154,8 @@ class Search:
         lock: The study's claim lock (storage.ClaimLock).
         shared: Whether other processes work on the same study.
         setup: The set-up fingerprint (run.setup_fingerprint), recorded on each trial.
-        retry_failed: Whether failures of earlier runs of the same set-up are tried afresh.
+        scope: Whose failed trials count as evidence (:func:`failure_scope`, as the sampler
+            was given it).
     """
 
     def __init__(
@@ -169,7 +170,7 @@ class Search:
         lock: Claim | None = None,
         shared: bool = False,
         setup: str | None = None,
-        retry_failed: bool = False,
+        scope: Scope | None = None,
     ) -> None:
         self.prior = prior
         self.request = prior.request
@@ -179,11 +180,8 @@ class Search:
         self.on_trial = on_trial
         self.deadline = deadline
         self.run_id = run_id
-        # Workers of a shared study are one run: an error another worker met counts for all.
-        # Otherwise the errors of this set-up count (evidence.current_trials), or with
-        # `retry_failed` those of this run only.
         self.setup = setup
-        self.scope = failure_scope(run_id, setup, shared=shared, retry_failed=retry_failed)
+        self.scope = scope
         self.shared = shared
         self.lock: Claim = lock if lock is not None else ClaimLock(None)
         self.dists: dict[str, BaseDistribution] = distributions(prior.space)
