@@ -37,6 +37,25 @@ def repo() -> Path:
     return REPO
 
 
+# Starts a command with SIGINT as at a terminal: a suite started in the background (`cmd &` in a
+# script) hands its children SIGINT ignored, and Ctrl-C could not be tried. Reset by a Python
+# that then becomes the command (exec: the same pid), not by Popen's preexec_fn: that runs
+# Python in a fork of this process, where the gRPC threads earlier tests started leave state
+# that aborts the child before it execs (SIGABRT, "epoll_wait error: Bad file descriptor").
+_SIGINT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+@pytest.fixture
+def ctrl_c_reaches() -> Callable[[list[str]], list[str]]:
+    """`argv` -> the command line that runs it with SIGINT at its default (see above)."""
+    import sys
+
+    return lambda argv: [sys.executable, "-c", _SIGINT_THEN_EXEC, *map(str, argv)]
+
+
 @pytest.fixture
 def cli() -> CliRunner:
     return CliRunner()

@@ -35,12 +35,6 @@ from infertune_tuner.runtime.local_triton import LocalTritonRuntime, TritonInsta
 from infertune_tuner.runtime.triton import liveness_argv
 
 
-def _ctrl_c_reaches_it() -> None:
-    """In the child, SIGINT as at a terminal: a suite started in the background (`cmd &` in a
-    script) hands its children SIGINT ignored, and Ctrl-C could not be tried."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def triton_installed() -> None:
     TritonInstall.find()  # raises TritonUnavailable naming what is missing: a failure, not a skip
@@ -282,7 +276,9 @@ def _until(
         time.sleep(0.1)
 
 
-def test_ctrl_c_mid_trial_stops_the_real_server_and_keeps_the_report(tmp_path: Path) -> None:
+def test_ctrl_c_mid_trial_stops_the_real_server_and_keeps_the_report(
+    tmp_path: Path, ctrl_c_reaches: Callable[[list[str]], list[str]]
+) -> None:
     """SIGINT to the tuner alone (the server not in its process group's reach) while its server
     serves the trial's requests: exit 130, the report written, no tritonserver left."""
     spec = tmp_path / "spec.yaml"
@@ -292,10 +288,10 @@ def test_ctrl_c_mid_trial_stops_the_real_server_and_keeps_the_report(tmp_path: P
     shown = tmp_path / "progress"  # the progress line, drawn as at a terminal
     with shown.open("wb") as progress:
         tuner = subprocess.Popen(
-            [str(exe), "tune", str(spec), "--backend", "triton:simulated", "--out", str(out)],
+            ctrl_c_reaches([str(exe), "tune", str(spec), "--backend", "triton:simulated",
+                            "--out", str(out)]),
             env={**os.environ, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"},
             stdout=subprocess.PIPE, stderr=progress, text=True, start_new_session=True,
-            preexec_fn=_ctrl_c_reaches_it,
         )  # fmt: skip
     try:
         # Mid-load, by the run's own events (not a time after the server's start, which a busy

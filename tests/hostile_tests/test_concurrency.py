@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,12 +36,6 @@ HOLD = (
     "print('locked', flush=True)\n"
     "time.sleep(300)\n"
 )
-
-
-def _ctrl_c_reaches_it() -> None:
-    """In the child, SIGINT as at a terminal: a suite started in the background (`cmd &` in a
-    script) hands its children SIGINT ignored, and Ctrl-C could not be tried."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -100,7 +95,7 @@ def test_a_held_study_is_refused_naming_the_holder_and_taken_over_once_it_dies(
 
 
 def test_ctrl_c_mid_trial_writes_the_report_ends_the_server_and_frees_the_study(
-    tmp_path: Path,
+    tmp_path: Path, ctrl_c_reaches: Callable[[list[str]], list[str]]
 ) -> None:
     marker = uuid.uuid4().hex
     spec = manifest(
@@ -112,11 +107,10 @@ def test_ctrl_c_mid_trial_writes_the_report_ends_the_server_and_frees_the_study(
     out = tmp_path / "out"
     never_ready = f"{sys.executable} -c 'import time; time.sleep(300)'"
     tuner = subprocess.Popen(
-        [INFERTUNE, "tune", str(spec), "--backend", "triton", "--server-command", never_ready,
-         "--out", str(out), "--no-progress"],
+        ctrl_c_reaches([INFERTUNE, "tune", str(spec), "--backend", "triton", "--server-command",
+                        never_ready, "--out", str(out), "--no-progress"]),
         env={**os.environ, "INFERTUNE_HOSTILE_TEST": marker},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=_ctrl_c_reaches_it,
     )  # fmt: skip
     try:
         # The trial's server runs: the first run is mid-trial.

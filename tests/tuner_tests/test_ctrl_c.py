@@ -29,12 +29,6 @@ AT_ONCE = 4  # runs side by side
 WITHIN_S = 180.0  # for one run, however busy the machine (a run alone takes a few seconds)
 
 
-def _ctrl_c_reaches_it() -> None:
-    """In the child, SIGINT as at a terminal: a suite started in the background (`cmd &` in a
-    script) hands its children SIGINT ignored, and Ctrl-C could not be tried."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _journal(out: Path) -> str:
     try:
         return (out / "study.journal").read_text(encoding="utf-8", errors="replace")
@@ -42,6 +36,7 @@ def _journal(out: Path) -> str:
         return ""
 
 
+Wrap = Callable[[list[str]], list[str]]  # the ctrl_c_reaches fixture (tests/conftest.py)
 Reached = Callable[[Path, str], bool]  # (output folder, stdout so far): has the moment come?
 
 
@@ -87,22 +82,22 @@ class Run:
         return (self.out.parent / f"{self.out.name}.stderr").read_text(errors="replace")
 
 
-def _start(tmp_path: Path, i: int, moment: str) -> Run:
+def _start(tmp_path: Path, i: int, moment: str, ctrl_c_reaches: Wrap) -> Run:
     out = tmp_path / f"run{i}"
     with (
         open(tmp_path / f"run{i}.stdout", "wb") as stdout,
         open(tmp_path / f"run{i}.stderr", "wb") as stderr,
     ):
         proc = subprocess.Popen(
-            [INFERTUNE, "tune", str(SPEC), "--out", str(out), "--no-progress"],
+            ctrl_c_reaches([INFERTUNE, "tune", str(SPEC), "--out", str(out), "--no-progress"]),
             # Each trial takes 1/2000 of its time on the pool: a run lasts a few seconds.
             env={**os.environ, "INFERTUNE_SIMULATED_TIME_SCALE": "0.0005"},
-            stdout=stdout, stderr=stderr, preexec_fn=_ctrl_c_reaches_it,
+            stdout=stdout, stderr=stderr,
         )  # fmt: skip
     return Run(moment, out, proc)
 
 
-def _sweep(tmp_path: Path) -> list[Run]:
+def _sweep(tmp_path: Path, ctrl_c_reaches: Wrap) -> list[Run]:
     """Every moment's run, each sent SIGINT when its moment comes (a run that ended first is
     left alone), until all have ended."""
     waiting = list(enumerate(MOMENTS))
@@ -112,7 +107,7 @@ def _sweep(tmp_path: Path) -> list[Run]:
         while waiting or running:
             while waiting and len(running) < AT_ONCE:
                 i, moment = waiting.pop(0)
-                running.append(_start(tmp_path, i, moment))
+                running.append(_start(tmp_path, i, moment, ctrl_c_reaches))
             for run in list(running):
                 if run.proc.poll() is not None:
                     running.remove(run)
@@ -131,9 +126,9 @@ def _sweep(tmp_path: Path) -> list[Run]:
 
 
 def test_ctrl_c_at_any_moment_ends_with_the_result_or_the_interrupted_headline(
-    tmp_path: Path,
+    tmp_path: Path, ctrl_c_reaches: Wrap
 ) -> None:
-    runs = _sweep(tmp_path)
+    runs = _sweep(tmp_path, ctrl_c_reaches)
     for run in runs:
         said, err = run.said(), run.err()
         what = f"Ctrl-C at {run.moment}: exit {run.proc.returncode}\n{said}\n{err}"
@@ -159,11 +154,13 @@ def test_ctrl_c_at_any_moment_ends_with_the_result_or_the_interrupted_headline(
     assert sum(r.proc.returncode == 130 for r in runs) >= stopped
 
 
-def test_sigterm_mid_search_exits_143_without_a_traceback(tmp_path: Path) -> None:
+def test_sigterm_mid_search_exits_143_without_a_traceback(
+    tmp_path: Path, ctrl_c_reaches: Wrap
+) -> None:
     """SIGTERM (a pod deleted, `kill`) while trials are told: the exit status says so, whatever
     Optuna raised while the SystemExit unwound its trial loop."""
     for i, moment in enumerate(("the first trial told", "the third decision")):
-        run = _start(tmp_path, i, moment)
+        run = _start(tmp_path, i, moment, ctrl_c_reaches)
         try:
             while run.proc.poll() is None and not MOMENTS[moment](run.out, run.said()):
                 assert time.monotonic() - run.started < WITHIN_S, f"{moment}: hangs"

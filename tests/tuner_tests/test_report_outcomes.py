@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -27,12 +28,6 @@ INFERTUNE = str(Path(sys.executable).parent / "infertune")
 NOT_MET = "No configuration met the SLO"
 
 
-def _ctrl_c_reaches_it() -> None:
-    """In the child, SIGINT as at a terminal: a suite started in the background (`cmd &` in a
-    script) hands its children SIGINT ignored, and Ctrl-C could not be tried."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _spec(tmp_path: Path, **tuning: object) -> Path:
     doc = yaml.safe_load((REPO / "examples" / "llama2-70b-h100.yaml").read_text())
     doc["spec"]["tuning"].update(tuning)
@@ -45,15 +40,17 @@ def _text(s: str) -> str:
     return " ".join(s.split())
 
 
-def test_ctrl_c_before_any_trial_says_interrupted_not_infeasible(tmp_path: Path) -> None:
+def test_ctrl_c_before_any_trial_says_interrupted_not_infeasible(
+    tmp_path: Path, ctrl_c_reaches: Callable[[list[str]], list[str]]
+) -> None:
     """A real Ctrl-C (SIGINT) during the first trial: exit 130, the headline says interrupted
     and how to go on, in the CLI and both reports; the trial it stopped has its row."""
     out = tmp_path / "out"
     tuner = subprocess.Popen(
-        [INFERTUNE, "tune", str(_spec(tmp_path)), "--out", str(out), "--no-progress"],
+        ctrl_c_reaches([INFERTUNE, "tune", str(_spec(tmp_path)), "--out", str(out),
+                        "--no-progress"]),
         env={**os.environ, "INFERTUNE_SIMULATED_TIME_SCALE": "1"},  # a trial takes minutes
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_ctrl_c_reaches_it,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
