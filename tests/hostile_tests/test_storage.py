@@ -91,18 +91,17 @@ def test_report_path_is_a_folder(tmp_path: Path) -> None:
     check(result, 2, f"{out / 'report.json'}: cannot write: Is a directory")  # type: ignore[arg-type]
 
 
-def test_full_disk_while_writing_the_report(tmp_path: Path) -> None:
-    """The disk fills while the report is written (a file size limit past the journal's size:
-    every report write beyond it fails, EFBIG, as a full disk does, ENOSPC): exit 2, no report
-    in part, and the study survives."""
-    out = tmp_path / "out"
-    spec = manifest(tmp_path)
+def _tune_until_the_disk_is_full(
+    spec: object, out: Path, *, file_size_limit: int, trials: int
+) -> None:
+    """`infertune tune` where a file size limit makes every write past it fail (EFBIG) as a full
+    disk does (ENOSPC): exit 2 with the reason, no traceback."""
     code = (
         "import resource, sys\n"
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"  # journal ~7 KB, HTML ~56
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit}))\n"
         "from infertune_operator.cli import main\n"
         "sys.argv = ['infertune', 'tune', sys.argv[1], '--out', sys.argv[2], '--no-progress',"
-        " '--max-trials', '2']\n"
+        f" '--max-trials', '{trials}']\n"
         "main()\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(spec), str(out)],
@@ -110,6 +109,16 @@ def test_full_disk_while_writing_the_report(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "cannot write: File too large" in proc.stderr
+
+
+def test_full_disk_while_writing_the_report(tmp_path: Path) -> None:
+    """The disk fills while the report is written (a file size limit past the journal's size:
+    every report write beyond it fails, EFBIG, as a full disk does, ENOSPC): exit 2, no report
+    in part, and the study survives."""
+    out = tmp_path / "out"
+    spec = manifest(tmp_path)
+    # The journal of 2 trials takes ~7 KB, report.html ~56 KB.
+    _tune_until_the_disk_is_full(spec, out, file_size_limit=20000, trials=2)
     assert sorted(p.name for p in out.iterdir() if "report" in p.name) == []  # none, no part
     # The study survived: the next run (disk freed) resumes it and repeats nothing.
     check(tune(tmp_path, out), 0, "2 of them by an earlier run")  # type: ignore[arg-type]
@@ -119,19 +128,7 @@ def test_full_disk_while_writing_the_journal(tmp_path: Path) -> None:
     """A file size limit makes every write past it fail (EFBIG) as a full disk does (ENOSPC)."""
     out = tmp_path / "out"
     spec = manifest(tmp_path)
-    code = (
-        "import resource, sys\n"
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))\n"
-        "from infertune_operator.cli import main\n"
-        "sys.argv = ['infertune', 'tune', sys.argv[1], '--out', sys.argv[2], '--no-progress',"
-        " '--max-trials', '4']\n"
-        "main()\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code, str(spec), str(out)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "cannot write: File too large" in proc.stderr
+    _tune_until_the_disk_is_full(spec, out, file_size_limit=6000, trials=4)
     # With room again, the study opens (a cut last line is moved aside) and finishes.
     result = invoke(["tune", spec, "--out", out, "--no-progress", "--max-trials", "4"])
     check(result, 0, "of them by an earlier run")

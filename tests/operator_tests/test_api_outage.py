@@ -11,6 +11,7 @@ import itertools
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,38 @@ BACKOFF = Backoff(time_scale=TIME_SCALE)
 JOB_CREATE = "POST jobs/"
 
 
+async def shown_unavailable(
+    api: FakeApiServer, name: str, fault: faults.Outage, timeout: float
+) -> dict[str, Any]:
+    """Waits until ``name``'s status says the API fails (``Synced=False ApiUnavailable``), which
+    must come while ``fault`` lasts; returns that condition."""
+    await wait_for(
+        lambda: condition(get(api, "inferencedeployments", name), "Synced").get("reason")
+        == "ApiUnavailable",
+        timeout=timeout, what="Synced=False ApiUnavailable while the fault lasts",
+    )  # fmt: skip
+    assert fault.active(), "the condition came only after the fault"
+    synced = condition(idf(api, name), "Synced")
+    assert synced["status"] == "False"
+    assert synced["message"].startswith("ApiUnavailable since ")
+    return synced
+
+
+async def shown_recovered(api: FakeApiServer, name: str) -> None:
+    """Waits until ``name``'s status and events say the API answers again (ApiRecovered)."""
+    await wait_for(
+        lambda: condition(get(api, "inferencedeployments", name), "Synced").get("reason")
+        == "ApiRecovered",
+        what="Synced=True ApiRecovered",
+    )  # fmt: skip
+    recovered = condition(idf(api, name), "Synced")
+    assert recovered["status"] == "True" and "ApiUnavailable since " in recovered["message"]
+    await wait_for(
+        lambda: [e for e in events_for(api, name) if e["reason"] == "ApiRecovered"],
+        what="an ApiRecovered event",
+    )
+
+
 async def test_a_minute_of_5xx_on_job_creation_is_shown_retried_with_growing_delays_and_recovers(
     api: FakeApiServer, kubeconfig: Path
 ) -> None:
@@ -50,15 +83,7 @@ async def test_a_minute_of_5xx_on_job_creation_is_shown_retried_with_growing_del
         await create(api, manifest("blip"))
 
         # While it lasts: a condition and a Warning event say so; the phase is not left empty.
-        await wait_for(
-            lambda: condition(get(api, "inferencedeployments", "blip"), "Synced").get("reason")
-            == "ApiUnavailable",
-            timeout=60 * TIME_SCALE, what="Synced=False ApiUnavailable during the outage",
-        )  # fmt: skip
-        assert outage.active(), "the condition came only after the outage"
-        synced = condition(idf(api, "blip"), "Synced")
-        assert synced["status"] == "False"
-        assert synced["message"].startswith("ApiUnavailable since ")
+        synced = await shown_unavailable(api, "blip", outage, timeout=60 * TIME_SCALE)
         assert "create jobs/blip-tune-" in synced["message"]
         assert "the server is currently unable to handle the request" in synced["message"]
         assert phase(api, "blip") == "Pending"
@@ -69,19 +94,8 @@ async def test_a_minute_of_5xx_on_job_creation_is_shown_retried_with_growing_del
         # Then it recovers by itself: the Job, and the status says the outage is over.
         await wait_for(lambda: jobs_of(api, "blip"), timeout=200 * TIME_SCALE + 5,
                        what="the tuner Job after the outage")  # fmt: skip
-        await wait_for(
-            lambda: condition(get(api, "inferencedeployments", "blip"), "Synced").get("reason")
-            == "ApiRecovered",
-            what="Synced=True ApiRecovered",
-        )  # fmt: skip
-        recovered = condition(idf(api, "blip"), "Synced")
-        assert recovered["status"] == "True"
-        assert "ApiUnavailable since " in recovered["message"]
+        await shown_recovered(api, "blip")
         assert condition(idf(api, "blip"), "Tuned")["reason"] == "TuningPending"
-        await wait_for(
-            lambda: [e for e in events_for(api, "blip") if e["reason"] == "ApiRecovered"],
-            what="an ApiRecovered event",
-        )
     finally:
         await runner.stop()
 

@@ -73,6 +73,13 @@ async def _job_with_hash(api: FakeApiServer, name: str, th: str) -> dict[str, An
     return job
 
 
+def _mounted(api: FakeApiServer, name: str, th: str) -> str:
+    """The request a tuner pod of tuning ``th`` mounted (its request ConfigMap's request.json)."""
+    request_cm = get(api, "configmaps", f"{name}-tune-{th}-request")
+    assert request_cm is not None, f"no request ConfigMap for tuning {th}"
+    return str(request_cm["data"]["request.json"])
+
+
 async def _first_then_changed(
     api: FakeApiServer, name: str
 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
@@ -80,9 +87,7 @@ async def _first_then_changed(
     body = await create(api, manifest(name))
     th_a = tuning_hash(body["spec"], SETTINGS)
     job_a = await _job_with_hash(api, name, th_a)
-    request_cm = get(api, "configmaps", f"{name}-tune-{th_a}-request")
-    assert request_cm is not None
-    mounted = str(request_cm["data"]["request.json"])
+    mounted = _mounted(api, name, th_a)
     changed = await patch(api, "inferencedeployments", name, {"spec": {"slo": TIGHTER}})
     th_b = tuning_hash(changed["spec"], SETTINGS)
     job_b = await _job_with_hash(api, name, th_b)
@@ -181,17 +186,14 @@ async def test_a_tuner_superseded_by_an_edit_outside_its_request_never_replaces_
     body = await create(api, manifest("moved"))
     th_a = tuning_hash(body["spec"], SETTINGS)
     job_a = copy.deepcopy(await _job_with_hash(api, "moved", th_a))
-    mounted_a = str((get(api, "configmaps", f"moved-tune-{th_a}-request") or {})["data"]
-                    ["request.json"])  # fmt: skip
+    mounted_a = _mounted(api, "moved", th_a)
     # Trials move to other nodes: another tuning (the hash), the same request.
     gpu = {**body["spec"]["gpu"], "nodeSelector": {"pool": "h100-b"}}
     changed = await patch(api, "inferencedeployments", "moved", {"spec": {"gpu": gpu}})
     th_b = tuning_hash(changed["spec"], SETTINGS)
     assert th_b != th_a
     job_b = await _job_with_hash(api, "moved", th_b)
-    assert (get(api, "configmaps", f"moved-tune-{th_b}-request") or {})["data"][
-        "request.json"
-    ] == mounted_a  # fmt: skip
+    assert _mounted(api, "moved", th_b) == mounted_a
     await wait_for(lambda: len(jobs_of(api, "moved")) == 1, what="Job A deleted")
     await wait_for(lambda: idf(api, "moved")["status"].get("tuningHash") == th_b,
                    what="the status names tuning B")  # fmt: skip
@@ -227,8 +229,7 @@ async def test_a_tuner_job_deleted_by_hand_and_created_again_tunes_once(
     first = copy.deepcopy(await _job_with_hash(api, "twice", th))
     job_name, first_uid = first["metadata"]["name"], first["metadata"]["uid"]
     await start_job(api, job_name)
-    mounted = str((get(api, "configmaps", f"twice-tune-{th}-request") or {})["data"]
-                  ["request.json"])  # fmt: skip
+    mounted = _mounted(api, "twice", th)
 
     # Someone deletes the Job (its pod goes on); the operator creates it again.
     await delete(api, "jobs", job_name)

@@ -12,18 +12,14 @@ from pathlib import Path
 from . import faults
 from .apiserver import (
     FakeApiServer,
-    condition,
     create,
-    events_for,
-    get,
-    idf,
     jobs_of,
     manifest,
     start_operator,
     wait_for,
     warning_events,
 )
-from .test_api_outage import BACKOFF, TIME_SCALE
+from .test_api_outage import BACKOFF, TIME_SCALE, shown_recovered, shown_unavailable
 
 
 async def test_objects_throttled_together_do_not_all_come_back_in_the_same_instant(
@@ -66,15 +62,7 @@ async def test_a_minute_long_throttle_is_shown_while_it_lasts_and_its_end_too(
     runner = await start_operator(api, backoff=BACKOFF)
     try:
         await create(api, manifest("slowed"))
-        await wait_for(
-            lambda: condition(get(api, "inferencedeployments", "slowed"), "Synced").get("reason")
-            == "ApiUnavailable",
-            timeout=30 * TIME_SCALE, what="Synced=False ApiUnavailable during the throttle",
-        )  # fmt: skip
-        assert throttle.active(), "the condition came only after the throttle"
-        synced = condition(idf(api, "slowed"), "Synced")
-        assert synced["status"] == "False"
-        assert synced["message"].startswith("ApiUnavailable since ")
+        synced = await shown_unavailable(api, "slowed", throttle, timeout=30 * TIME_SCALE)
         assert "the API server asked to wait 60 s" in synced["message"]
         assert "too many requests" in synced["message"]
         [warning] = await warning_events(api, "slowed", "ApiUnavailable")
@@ -82,17 +70,7 @@ async def test_a_minute_long_throttle_is_shown_while_it_lasts_and_its_end_too(
 
         await wait_for(lambda: jobs_of(api, "slowed"), timeout=120 * TIME_SCALE + 5,
                        what="the tuner Job after the throttle")  # fmt: skip
-        await wait_for(
-            lambda: condition(get(api, "inferencedeployments", "slowed"), "Synced").get("reason")
-            == "ApiRecovered",
-            what="Synced=True ApiRecovered",
-        )  # fmt: skip
-        recovered = condition(idf(api, "slowed"), "Synced")
-        assert recovered["status"] == "True" and "ApiUnavailable since " in recovered["message"]
-        await wait_for(
-            lambda: [e for e in events_for(api, "slowed") if e["reason"] == "ApiRecovered"],
-            what="an ApiRecovered event",
-        )
+        await shown_recovered(api, "slowed")
     finally:
         await runner.stop()
     assert len(throttle.failures) == 1  # one attempt, then the 60 s the server asked for

@@ -24,11 +24,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     UnraisableHook = Callable[[sys.UnraisableHookArgs], Any]
 
+E = TypeVar("E", bound=BaseException)
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers
 # What Python writes (as an unraisable error) for a SIGINT that arrived while its handler became
 # SIG_IGN (bpo-43406): a Ctrl-C at the moment the run settled, to be ignored as the rest are.
@@ -99,26 +100,25 @@ def settle() -> None:
         _armed.settle()
 
 
-def exit_behind(exc: BaseException) -> SystemExit | None:
-    """The SystemExit (SIGTERM: ``cli.support.exit_on_sigterm``) an error was raised while
-    unwinding, as Optuna's trial loop does for a Ctrl-C (None: none is behind it)."""
+def _behind(exc: BaseException, kind: type[E]) -> E | None:
+    """`exc` itself when it is a `kind`, else the `kind` it was raised while unwinding (its
+    chain of contexts), else None."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, SystemExit):
+        if isinstance(cause, kind):
             return cause
         seen.add(id(cause))
         cause = cause.__context__
     return None
 
 
+def exit_behind(exc: BaseException) -> SystemExit | None:
+    """The SystemExit (SIGTERM: ``cli.support.exit_on_sigterm``) an error was raised while
+    unwinding, as Optuna's trial loop does for a Ctrl-C (None: none is behind it)."""
+    return _behind(exc, SystemExit)
+
+
 def by_ctrl_c(exc: BaseException) -> bool:
     """Whether `exc` is a Ctrl-C, or an error raised while a Ctrl-C unwound the stack."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return True
-        seen.add(id(cause))
-        cause = cause.__context__
-    return False
+    return _behind(exc, KeyboardInterrupt) is not None
