@@ -78,7 +78,8 @@ def test_ctrl_c_before_any_trial_says_interrupted_not_infeasible(
     rows = json.loads((out / "report.json").read_text())["trials"]
     assert [(t["number"], t["state"]) for t in rows if t["state"] == "interrupted"] == [
         (0, "interrupted")
-    ]
+    ], ([(t["number"], t["state"], t.get("reason")) for t in rows if t["number"] < 3],
+        (out / "study.journal").read_text()[-3000:], stderr)  # fmt: skip
     assert re.search(r"\| 0 \| TP\d+ / bs\d+ / \w+ / KV \w+ \| interrupted \|", md), md
 
 

@@ -202,6 +202,15 @@ def tune(
                 if isinstance(exc, Exception) and (fault := storage_fault(exc)) is not None:
                     raise fault from None  # the disk, not the search: the caller says which file
                 raise
+            if not shared:
+                # A Ctrl-C that also cuts Optuna's own tell short can leave the trial it stopped
+                # RUNNING; on a journal only this run could be running it: it ended as
+                # interrupted, and the report says so now. Should that write fail too, the next
+                # run marks it on resuming, as before.
+                try:
+                    search.recover_interrupted()
+                except Exception as again:  # the report of the trials done matters more
+                    log.warning("could not mark the interrupted trial failed: %s", again)
             outcome = SearchOutcome(INTERRUPTED, study)
         if shared and not _last_worker(search):
             return None
