@@ -46,12 +46,13 @@ def spec_file(tmp_path: Path, url: str, **tuning: object) -> Path:
 
 
 def start(
-    spec: Path, out: Path, *, scale: float, backend: str = "simulated"
-) -> subprocess.Popen[str]:
+    spec: Path, out: Path, *, scale: float, backend: str = "simulated",
+    extra: list[str] | None = None,
+) -> subprocess.Popen[str]:  # fmt: skip
     env = {**os.environ, **FAST, "INFERTUNE_SIMULATED_TIME_SCALE": str(scale)}
     return subprocess.Popen(
         [str(INFERTUNE), "tune", str(spec), "--backend", backend, "--out", str(out),
-         "--no-progress"],
+         "--no-progress", *(extra or [])],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 

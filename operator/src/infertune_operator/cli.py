@@ -115,7 +115,7 @@ def validate(
     s = obj.spec
     backend = s.tuning.backend or f"{defaults.CLUSTER_BACKEND} (the operator's default)"
     typer.echo(
-        f"{file}: valid {obj.kind} {obj.metadata.name!r}: {s.model.name} on {s.gpu.product}, "
+        f"{file}: valid {obj.kind} {obj.metadata.name!r}: {s.model.name} on {', '.join(s.gpu.products)}, "
         f"{s.workload.input_tokens} in / {s.workload.output_tokens} out, backend {backend}"
     )
     _show_space(obj)
@@ -126,10 +126,10 @@ def validate(
 def _show_space(obj: Any) -> None:
     """The search space the backend will search, and what left it and why."""
     from infertune_operator.api.to_request import to_request
-    from infertune_tuner.space import build_space
+    from infertune_tuner.space import search_space
 
     request = to_request(obj)
-    space = build_space(request, request.resolve_model(), request.resolve_gpu())
+    space = search_space(request, request.resolve_model())
     typer.echo(
         f"  search space on the {request.tuning.backend} backend: {len(space)} configurations"
     )

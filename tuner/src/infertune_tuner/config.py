@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 CONFIG_KEYS = ("tp", "max_batch_size", "quantization", "kv_cache_dtype")
+GPU_KEY = "gpu"  # the pool dimension: a parameter only where the request lists several pools
+PARAM_KEYS = (*CONFIG_KEYS, GPU_KEY)
 # No engine runs more sequences at once; beyond it a number is a typo, not a configuration.
 MAX_BATCH_SIZE_LIMIT = 65536
 
@@ -23,17 +25,25 @@ class TrialConfig:
     max_batch_size: int
     quantization: str
     kv_cache_dtype: str
+    # The GPU pool (a catalog product) it runs on when the request lists several pools
+    # (`spec.gpu.pools`); "" on a one-pool request, whose configurations are as they always were
+    # (same parameters, same study, same report).
+    gpu: str = ""
 
     def as_dict(self) -> dict[str, int | str]:
-        return {
+        out: dict[str, int | str] = {
             "tp": self.tp,
             "max_batch_size": self.max_batch_size,
             "quantization": self.quantization,
             "kv_cache_dtype": self.kv_cache_dtype,
         }
+        if self.gpu:
+            out[GPU_KEY] = self.gpu
+        return out
 
     def label(self) -> str:
-        return f"tp{self.tp}/bs{self.max_batch_size}/{self.quantization}/kv-{self.kv_cache_dtype}"
+        own = f"tp{self.tp}/bs{self.max_batch_size}/{self.quantization}/kv-{self.kv_cache_dtype}"
+        return f"{self.gpu}/{own}" if self.gpu else own
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from infertune_tuner import defaults
 from infertune_tuner.catalog.gpus import Gpu, get_gpu
@@ -66,9 +66,45 @@ class ModelRef(Record):
     architecture: ModelShape | None = None
 
 
+class GpuPool(Record):
+    """One GPU pool a study may run on (a catalog product) and what its GPU-hour costs."""
+
+    product: str
+    price_per_gpu_hour: Annotated[float, Field(gt=0)] | None = None
+    # The most GPUs one replica may use on this pool (its nodes' size: a GH200 node has one);
+    # None: the request's gpu.max_gpus_per_replica. Left out of the JSON when None.
+    max_gpus_per_replica: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
+
+
 class GpuRef(Record):
+    """The GPUs to tune on: one product, or several pools (`pools`) the search chooses among by
+    cost per output token; `product` is then the first pool's."""
+
     product: str
     max_gpus_per_replica: int = defaults.MAX_GPUS_PER_REPLICA
+    # Left out of the JSON when empty, so that a one-pool request keeps its study name.
+    pools: list[GpuPool] = Field(default_factory=list, exclude_if=lambda v: not v)
+
+    @model_validator(mode="after")
+    def _priced_pools(self) -> GpuRef:
+        if not self.pools:
+            return self
+        products = [p.product for p in self.pools]
+        if len(self.pools) < 2:
+            raise ValueError("gpu.pools: list two or more pools (one pool is gpu.product)")
+        if len(set(products)) != len(products):
+            raise ValueError(f"gpu.pools: a product is listed twice ({', '.join(products)})")
+        unpriced = [p.product for p in self.pools if p.price_per_gpu_hour is None]
+        if unpriced:
+            raise ValueError(
+                f"gpu.pools: every pool needs its price per GPU-hour to compare them "
+                f"(missing for {', '.join(unpriced)})"
+            )
+        if self.product != products[0]:
+            raise ValueError(f"gpu.product must be the first pool's ({products[0]})")
+        return self
 
 
 class WorkloadShape(Record):

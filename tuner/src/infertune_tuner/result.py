@@ -31,13 +31,17 @@ class ConfigOut(Record):
     max_batch_size: int
     quantization: str
     kv_cache_dtype: str
+    # The pool it ran on, where the request lists several (left out of the JSON on one pool).
+    gpu: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @classmethod
     def of(cls, cfg: TrialConfig) -> ConfigOut:
         return cls(**cfg.as_dict())
 
     def to_config(self) -> TrialConfig:
-        return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
+        return TrialConfig(
+            self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype, self.gpu or ""
+        )
 
     def label(self) -> str:
         return self.to_config().label()
@@ -273,6 +277,31 @@ class Best(Record):
     # Per SLO bound (and the tok/s/GPU floor), the room the typical run leaves and what it is
     # worth against the pool's run-to-run noise.
     headroom: list[Headroom] = Field(default_factory=list)
+    # Where the request lists several pools: the pool it runs on, and what a million output
+    # tokens cost there (its price per GPU-hour / its tok/s/GPU); left out on one pool.
+    gpu: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    cost_per_million_output_tokens: float | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
+
+
+PoolVerdict = Literal["chosen", "costlier", "missed_slo", "ruled_out", "excluded"]
+
+
+class PoolOutcome(Record):
+    """One pool of a several-pool request: its best measured configuration and why it won or
+    lost (pools.py: the cheapest per million output tokens that meets the SLO wins)."""
+
+    product: str
+    price_per_gpu_hour: float
+    verdict: PoolVerdict
+    reason: str  # for a person: "costs 38 % more per token than ...", "never measured: ..."
+    executed_trials: int
+    best: ConfigOut | None = None  # its best SLO-meeting measured configuration
+    output_tokens_per_s_per_gpu: float | None = None
+    cost_per_million_output_tokens: float | None = None
+    # Posterior P(one of its untried configurations beats the chosen one by more than 2 %).
+    p_beat: float | None = None
 
 
 UntriedKind = Literal["memory", "neighbour", "twin", "failed", "fit", "slo", "posterior", "stopped"]
@@ -368,6 +397,8 @@ class Report(Record):
     untried: list[UntriedGroup] = Field(default_factory=list)
     # What could not run, and why (search/failures.py): the confidence covers the rest.
     could_not_run: list[FailedStructure] = Field(default_factory=list)
+    # Per pool where the request lists several (empty, and left out, on one pool).
+    pools: list[PoolOutcome] = Field(default_factory=list, exclude_if=lambda v: not v)
     duration_s: float
     generated_at: str
     infertune_version: str

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import optuna
 
-from infertune_tuner import __version__, defaults
+from infertune_tuner import __version__, defaults, pools
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
+from infertune_tuner.backends.per_pool import PerPool
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.errors import InputError
 from infertune_tuner.interrupt import by_ctrl_c, exit_behind, settle
 from infertune_tuner.journal import lock_study, storage_fault
 from infertune_tuner.packing import GpuSet, slots
@@ -40,7 +42,7 @@ from infertune_tuner.search.planner import Planner
 from infertune_tuner.search.posterior import Prior
 from infertune_tuner.search.sampler import PlannerFactory, make_sampler
 from infertune_tuner.search.settings import SearchSettings
-from infertune_tuner.space import SearchSpace, build_space
+from infertune_tuner.space import SearchSpace, search_space
 from infertune_tuner.stop import INTERRUPTED
 from infertune_tuner.storage import ClaimLock, open_storage
 from infertune_tuner.study_folder import Identity, record_identity, refuse_another_study
@@ -61,9 +63,12 @@ class StudyStart:
 
 
 def prior_predictions(request: TuningRequest, space: SearchSpace) -> dict[TrialConfig, Prediction]:
-    model, gpu, work = request.resolve_model(), request.resolve_gpu(), request.work
-    # Keyed by the configuration searched; predicted as the server runs it (space.effective).
-    return {c: predict(model, gpu, space.effective(c), work) for c in space.configs}
+    model, work = request.resolve_model(), request.work
+    # Keyed by the configuration searched; predicted as the server runs it (space.effective),
+    # on the GPU of its pool.
+    return {
+        c: predict(model, pools.gpu_of(request, c), space.effective(c), work) for c in space.configs
+    }
 
 
 def tune(
@@ -80,6 +85,7 @@ def tune(
     settings: SearchSettings | None = None,
     planner_factory: PlannerFactory = Planner,
     retry_failed: bool = False,
+    pool: str | None = None,
 ) -> Report | None:
     """Run (or resume) the study for `request` and return the report (not yet written).
 
@@ -106,15 +112,19 @@ def tune(
             benchmark's oracle (benchmarks/oracle.py) is the one other.
         retry_failed: Try afresh what failed in earlier runs of the same set-up (by default a
             resumed study keeps the structures that could not run excluded).
+        pool: Measure on this one GPU pool of a several-pool request (a tuner Job per pool,
+            each a worker of one shared study): the backend measures that pool's
+            configurations, the search proposes only them here.
 
     Returns:
         The report: every trial, the best feasible configuration (or the nearest misses) and
         why the search stopped; None for a worker that leaves the report to another.
     """
     started = time.monotonic()
-    model, gpu = request.resolve_model(), request.resolve_gpu()
+    model = request.resolve_model()
     backend_name = backend if isinstance(backend, str) else backend.name
-    space = build_space(request, model, gpu, backend_name)
+    space = search_space(request, model, backend_name)
+    mine = _pool_of(request, space, pool)
     priors = prior_predictions(request, space)
     seed = request.tuning.seed if request.tuning.seed is not None else defaults.SEED
 
@@ -124,16 +134,19 @@ def tune(
     tag = f"{uuid.uuid4().hex[:8]}-" if shared else ""
     gpu_set = GpuSet(gpus) if gpus and backend_name == "triton" else None
     if gpu_set is not None:
-        workers = slots(gpu_set.gpus, space.tensor_parallel)
+        tps = sorted({c.tp for c in space.configs if not mine or c.gpu == mine})
+        workers = slots(gpu_set.gpus, tuple(tps))
     if backend_factory is None:
         if isinstance(backend, str):
             spec = backend
 
             def backend_factory(i: int) -> BenchmarkBackend:
-                return make_backend(
-                    spec, request, seed=seed, server_command=server_command,
-                    workdir=out_dir / f"worker-{tag}{i}", on_phase=on_phase, gpus=gpu_set,
+                built = make_backend(
+                    spec, pools.single(request, mine) if mine else request, seed=seed,
+                    server_command=server_command, workdir=out_dir / f"worker-{tag}{i}",
+                    on_phase=on_phase, gpus=gpu_set,
                 )  # fmt: skip
+                return PerPool({mine: built}) if mine else built
         else:
             instance = backend
             workers = 1  # one backend instance cannot serve several worker threads
@@ -163,7 +176,7 @@ def tune(
         # worker's on a shared study; else this set-up's (this run's alone with retry_failed).
         scope = failure_scope(run_id, setup, shared=shared, retry_failed=retry_failed)
         sampler = make_sampler(
-            prior, search_settings, seed=seed, planner=planner_factory, scope=scope
+            prior, search_settings, seed=seed, planner=planner_factory, scope=scope, pool=mine
         )
         study = optuna.create_study(
             study_name=name, storage=storage, direction="maximize", load_if_exists=True,
@@ -178,7 +191,7 @@ def tune(
         search = Search(
             prior, search_settings, study, run_id=run_id, on_trial=on_trial,
             deadline=deadline, lock=ClaimLock(storage, name), shared=shared, setup=setup,
-            scope=scope,
+            scope=scope, pool=mine,
         )  # fmt: skip
         # From the study's opening on, a Ctrl-C, wherever it lands, ends the search with the
         # report of the trials done (then exit 130).
@@ -229,6 +242,23 @@ def tune(
             lock.release()
 
 
+def _pool_of(request: TuningRequest, space: SearchSpace, pool: str | None) -> str:
+    """The pool this worker measures on ("" for all), checked against the request's pools."""
+    if not pool or (not request.gpu.pools and pool == request.gpu.product):
+        return ""  # every pool, or the request's one
+    if pool not in pools.products(request):
+        listed = ", ".join(pools.products(request)) or "none: the spec names one gpu.product"
+        raise InputError(f"--pool {pool}: not a pool of this spec (its pools: {listed})")
+    if pool not in space.gpus:
+        raise InputError(f"--pool {pool}: nothing of the search space can run there")
+    if not request.tuning.storage:
+        raise InputError(
+            f"--pool {pool}: one pool's worker needs the other pools' workers on the same study: "
+            "set spec.tuning.storage (a database every pool's machines reach)"
+        )
+    return pool
+
+
 def setup_fingerprint(backend: str | BenchmarkBackend, server_command: str | None) -> str:
     """What the trials ran on, as far as the tuner can tell: the backend, its server command,
     this version of infertune and, for a replay, the table's bytes. Failures of a run on the
@@ -237,8 +267,10 @@ def setup_fingerprint(backend: str | BenchmarkBackend, server_command: str | Non
     name = backend if isinstance(backend, str) else backend.name
     parts = [name, server_command or "", __version__]
     if isinstance(backend, str) and backend.startswith("replay:"):
-        table = Path(backend.removeprefix("replay:"))
-        parts.append(hashlib.sha256(table.read_bytes()).hexdigest() if table.is_file() else "")
+        # One table, or one per pool (PRODUCT=TABLE,...): each table's bytes.
+        for spec in backend.removeprefix("replay:").split(","):
+            table = Path(spec.partition("=")[2] if "=" in spec else spec)
+            parts.append(hashlib.sha256(table.read_bytes()).hexdigest() if table.is_file() else "")
     return "setup-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 

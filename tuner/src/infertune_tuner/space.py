@@ -18,7 +18,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
-from infertune_tuner.catalog.gpus import Gpu
+from infertune_tuner import pools
+from infertune_tuner.catalog.gpus import Gpu, get_gpu
 from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.catalog.quantization import QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
@@ -51,6 +52,8 @@ class SearchSpace:
     kv_cache_dtype: tuple[str, ...]
     # Quantizations whose checkpoint declares an FP8 KV cache (kv "auto" runs FP8 with them).
     fp8_kv_checkpoints: frozenset[str] = field(default_factory=frozenset)
+    # The pools whose configurations the space holds (`TrialConfig.gpu`); () on one pool.
+    gpus: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -164,3 +167,49 @@ def build_space(
         configs, tuple(excluded), tuple(sorted(set(tps))), tuple(batches), tuple(quants),
         tuple(kvs), fp8_kv,
     )  # fmt: skip
+
+
+def search_space(
+    request: TuningRequest, model: ModelArch, backend: str | None = None
+) -> SearchSpace:
+    """The space the study searches: `build_space` on the request's GPU, or, where it lists
+    several pools, the union of each pool's space, every configuration naming its pool.
+
+    A pool where nothing can run (its GPU lacks every quantization asked for, say) is excluded
+    with the reason, as a value of any dimension is; only a space empty on every pool is an
+    error. An exclusion every pool shares is listed once; one that holds on some pools only
+    names them."""
+    if not request.gpu.pools:
+        return build_space(request, model, request.resolve_gpu(), backend)
+    per_pool: dict[str, SearchSpace] = {}
+    excluded: list[Exclusion] = []
+    for pool in request.gpu.pools:
+        try:
+            per_pool[pool.product] = build_space(
+                pools.single(request, pool.product), model, get_gpu(pool.product), backend
+            )
+        except InputError as exc:
+            excluded.append(Exclusion("gpu", pool.product, str(exc)))
+    if not per_pool:
+        raise InputError("the search space is empty on every pool: " + "; ".join(
+            e.reason for e in excluded))  # fmt: skip
+    seen: dict[Exclusion, list[str]] = {}
+    for product, sp in per_pool.items():
+        for e in sp.excluded:
+            seen.setdefault(e, []).append(product)
+    for e, where in seen.items():
+        if len(where) == len(per_pool):
+            excluded.append(e)
+        else:
+            excluded.append(replace(e, value=f"{e.value} on {', '.join(where)}"))
+    spaces = per_pool.values()
+    return SearchSpace(
+        configs=tuple(replace(c, gpu=p) for p, sp in per_pool.items() for c in sp.configs),
+        excluded=tuple(excluded),
+        tensor_parallel=tuple(sorted({v for sp in spaces for v in sp.tensor_parallel})),
+        max_batch_size=tuple(sorted({v for sp in spaces for v in sp.max_batch_size})),
+        quantization=tuple(dict.fromkeys(v for sp in spaces for v in sp.quantization)),
+        kv_cache_dtype=tuple(dict.fromkeys(v for sp in spaces for v in sp.kv_cache_dtype)),
+        fp8_kv_checkpoints=frozenset().union(*(sp.fp8_kv_checkpoints for sp in spaces)),
+        gpus=tuple(per_pool),
+    )

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
-from infertune_tuner import __version__, slo
+from infertune_tuner import __version__, pools, slo
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS, OBJECTIVE, latency_metric
@@ -34,6 +34,7 @@ from infertune_tuner.result import (
     Metrics,
     NearMiss,
     NearTie,
+    PoolOutcome,
     Predicted,
     Report,
     Trial,
@@ -280,6 +281,10 @@ def build_report(
             repeats=known.counts[top],
             noise=_noise(list(known.runs[top]), request),
             headroom=headroom(known, assessment.residuals, top, settings),
+            gpu=top.gpu or None,
+            cost_per_million_output_tokens=_cost(
+                request, top, known.measured[top].output_tokens_per_s_per_gpu
+            ),
         )
     misses: list[NearMiss] = []
     if best is None:
@@ -333,10 +338,71 @@ def build_report(
         could_not_run=[]
         if stop.kind == StopKind.ABORTED
         else could_not_run(assessment, executed, space),
+        pools=pool_outcomes(known, assessment, prior, executed),
         duration_s=round(duration_s, 3),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         infertune_version=__version__,
     )
+
+
+# ------------------------------------------------------------------ the pools
+
+
+def _cost(request: TuningRequest, cfg: TrialConfig, tps: float | None) -> float | None:
+    cost = pools.cost_per_million(pools.price_of(request, cfg.gpu), tps or 0.0)
+    return round(cost, 4) if cost is not None else None
+
+
+def pool_outcomes(
+    known: Evidence, a: Assessment, prior: Prior, executed: list[ExecutedTrial]
+) -> list[PoolOutcome]:
+    """Per pool of a several-pool request, its best measured configuration and why it won or
+    lost: the cheapest per million output tokens wins; a pool is costlier, or nothing measured
+    on it met the SLO, or it was never measured because the posterior gave its configurations
+    no real chance (the model ruled it out), or nothing of the space can run on it."""
+    request = prior.request
+    chosen = known.best
+    excluded = {e.value: e.reason for e in prior.space.excluded if e.field == "gpu"}
+    out = []
+    for pool in request.gpu.pools:
+        product, price = pool.product, pool.price_per_gpu_hour or 0.0
+        runs = sum(1 for e in executed if e.config.gpu == product)
+        mine = [c for c in known.feasible if c.gpu == product]
+        top = max(mine, key=lambda c: (known.value(c, known.feasible[c]), -c.tp, c), default=None)
+        untried = [
+            float(a.p_beat[i]) for c in a.candidates if c.gpu == product
+            if (i := a.index.get(c)) is not None
+        ]  # fmt: skip
+        p_beat = round(max(untried), 4) if untried and chosen is not None else None
+        tps = known.feasible[top].output_tokens_per_s_per_gpu if top is not None else None
+        cost = _cost(request, top, tps) if top is not None else None
+        if product in excluded:
+            verdict, reason = "excluded", excluded[product]
+        elif top is not None and top == chosen:
+            verdict, reason = "chosen", "the cheapest per million output tokens within the SLO"
+        elif top is not None and chosen is not None:
+            best_cost = _cost(request, chosen, known.feasible[chosen].output_tokens_per_s_per_gpu)
+            more = (cost or 0.0) / best_cost - 1 if best_cost else 0.0
+            verdict, reason = (
+                "costlier",
+                f"costs {more:.0%} more per output token than {chosen.gpu}",
+            )
+        elif runs:
+            verdict = "missed_slo"
+            reason = f"nothing of the {runs} trial(s) measured on it met the SLO"
+        else:
+            verdict = "ruled_out"
+            reason = "never measured: the model gives none of its configurations a real chance" + (
+                f" (the likeliest beats the chosen one with P = {p_beat:.1%})"
+                if p_beat is not None else ""
+            )  # fmt: skip
+        out.append(PoolOutcome(
+            product=product, price_per_gpu_hour=price, verdict=verdict, reason=reason,
+            executed_trials=runs, best=ConfigOut.of(top) if top is not None else None,
+            output_tokens_per_s_per_gpu=round(tps, 3) if tps is not None else None,
+            cost_per_million_output_tokens=cost, p_beat=p_beat,
+        ))  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------ what could not run

@@ -31,8 +31,9 @@ def weights_problem(request: TuningRequest, backend: str) -> Problem | None:
 def feasibility_problems(obj: InferenceDeployment, *, backend: str | None = None) -> list[Problem]:
     """Every reason ``obj`` cannot be tuned on ``backend`` (default: the spec's, else the
     operator's default), no configuration that fits in GPU memory included."""
+    from infertune_tuner import pools
     from infertune_tuner.perfmodel.memory import estimate_memory
-    from infertune_tuner.space import build_space
+    from infertune_tuner.space import search_space
 
     problems: list[Problem] = []
     storage = obj.spec.tuning.storage
@@ -42,9 +43,9 @@ def feasibility_problems(obj: InferenceDeployment, *, backend: str | None = None
     backend = backend or request.tuning.backend
     if (weights := weights_problem(request, backend)) is not None:
         problems.append(weights)
-    model, gpu = request.resolve_model(), request.resolve_gpu()
+    model = request.resolve_model()
     try:
-        space = build_space(request, model, gpu, backend)
+        space = search_space(request, model, backend)
     except InputError as exc:
         # Each exclusion says what and why; what to do, once for all of them:
         problems.append(Problem("spec.search", (
@@ -53,10 +54,13 @@ def feasibility_problems(obj: InferenceDeployment, *, backend: str | None = None
         return problems
     # The memory estimate alone (what `predict` says of memory), up to the first
     # configuration that fits: the operator asks this before every tuning it starts.
-    fits = any(estimate_memory(model, gpu, space.effective(c), request.work).fits
-               for c in space.configs)  # fmt: skip
+    fits = any(
+        estimate_memory(model, pools.gpu_of(request, c), space.effective(c), request.work).fits
+        for c in space.configs
+    )
     if not fits:
         smallest = min(space.configs, key=lambda c: (-c.tp, c.max_batch_size))
+        gpu = pools.gpu_of(request, smallest)
         why = estimate_memory(model, gpu, space.effective(smallest), request.work).reason
         problems.append(Problem("spec.search", (
             f"no configuration fits in {gpu.key} memory; even {smallest.label()}: {why}; "

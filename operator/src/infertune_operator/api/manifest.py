@@ -184,12 +184,16 @@ def catalog_problems(doc: dict[str, Any]) -> list[Problem]:
     from infertune_tuner.catalog.llms import get_model
 
     problems = []
-    product = _field(doc, "spec", "gpu", "product")
-    if isinstance(product, str) and product:
-        try:
-            get_gpu(product)
-        except InputError as exc:
-            problems.append(Problem("spec.gpu.product", str(exc)))
+    products = [("spec.gpu.product", _field(doc, "spec", "gpu", "product"))]
+    listed = _field(doc, "spec", "gpu", "pools")
+    for i, pool in enumerate(listed if isinstance(listed, list) else []):
+        products.append((f"spec.gpu.pools[{i}].product", _field(pool, "product")))
+    for where, product in products:
+        if isinstance(product, str) and product:
+            try:
+                get_gpu(product)
+            except InputError as exc:
+                problems.append(Problem(where, str(exc)))
     model = _field(doc, "spec", "model", "name")
     if isinstance(model, str) and model and _field(doc, "spec", "model", "architecture") is None:
         try:

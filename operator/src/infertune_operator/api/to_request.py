@@ -6,6 +6,7 @@ from infertune_operator.api.types import InferenceDeployment
 from infertune_tuner import defaults
 from infertune_tuner.metrics import LATENCY_METRICS
 from infertune_tuner.request import (
+    GpuPool,
     GpuRef,
     ModelRef,
     ModelShape,
@@ -43,7 +44,20 @@ def to_request(
             checkpoints=dict(s.model.checkpoints),
             architecture=ModelShape(**arch.model_dump(exclude_none=True)) if arch else None,
         ),
-        gpu=GpuRef(product=s.gpu.product, max_gpus_per_replica=s.gpu.max_gpus_per_replica),
+        gpu=GpuRef(
+            product=s.gpu.products[0],
+            max_gpus_per_replica=s.gpu.max_gpus_per_replica,
+            # One pool in gpu.pools is gpu.product: same request, same study.
+            pools=[
+                GpuPool(
+                    product=p.product, price_per_gpu_hour=p.price_per_gpu_hour,
+                    max_gpus_per_replica=p.max_gpus_per_replica,
+                )  # fmt: skip
+                for p in s.gpu.pools or []
+            ]
+            if len(s.gpu.products) > 1
+            else [],
+        ),
         workload=WorkloadShape(**s.workload.model_dump()),
         slo=slo,
         min_output_tokens_per_s_per_gpu=s.slo.min_output_tokens_per_second_per_gpu,

@@ -204,13 +204,75 @@ class Toleration(ApiModel):
     toleration_seconds: int | None = None
 
 
-class GpuSpec(ApiModel):
+class GpuPoolSpec(ApiModel):
+    """One GPU pool the tuning may choose: its product, what its GPU-hour costs, and how its
+    nodes are selected (its tuner Job and, if it wins, the serving pods land there)."""
+
     product: str = Field(
         min_length=1, description="GPU catalog key such as H100-SXM-80GB (see `infertune gpus`)."
     )
+    price_per_gpu_hour: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description="What one GPU of this pool costs per hour, in any currency (the same for "
+        "every pool): the tuning deploys on the pool that serves a million output tokens for "
+        "the least. Required with two or more pools.",
+    )
+    max_gpus_per_replica: Annotated[int, Field(ge=1, le=64)] | None = Field(
+        default=None,
+        description="The most GPUs one replica may use on this pool (its nodes' size; a GH200 "
+        "node has one). Default: gpu.maxGpusPerReplica.",
+    )
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+
+
+class GpuSpec(ApiModel):
+    product: str | None = Field(
+        default=None, min_length=1,
+        description="GPU catalog key such as H100-SXM-80GB (see `infertune gpus`); or give "
+        "`pools` to let the tuning choose the cheapest per output token.",
+    )  # fmt: skip
+    pools: list[GpuPoolSpec] | None = Field(
+        default=None, min_length=1,
+        description="GPU pools to tune across, each with its price per GPU-hour: the tuning "
+        "deploys on the one that serves a million output tokens for the least within the SLO.",
+    )  # fmt: skip
     max_gpus_per_replica: Annotated[int, Field(ge=1, le=64)] = defaults.MAX_GPUS_PER_REPLICA
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> GpuSpec:
+        if (self.product is None) == (self.pools is None):
+            raise ValueError("give gpu.product (one pool) or gpu.pools (several), not both")
+        if self.pools is None:
+            return self
+        if self.node_selector or self.tolerations:
+            raise ValueError(
+                "with gpu.pools, give nodeSelector and tolerations per pool (gpu.pools[].nodeSelector)"
+            )
+        _unique([p.product for p in self.pools], "gpu.pools[].product")
+        unpriced = [p.product for p in self.pools if p.price_per_gpu_hour is None]
+        if len(self.pools) > 1 and unpriced:
+            raise ValueError(
+                "gpu.pools: every pool needs pricePerGpuHour to compare cost per token "
+                f"(missing for {', '.join(unpriced)})"
+            )
+        return self
+
+    @property
+    def products(self) -> list[str]:
+        """The product of every pool (one for gpu.product)."""
+        return [p.product for p in self.pools] if self.pools else [self.product or ""]
+
+    def pool(self, product: str | None = None) -> GpuPoolSpec:
+        """The pool of `product` (None: the first), gpu.product's as a pool of its own."""
+        if not self.pools:
+            return GpuPoolSpec(
+                product=self.product or "", node_selector=self.node_selector,
+                tolerations=self.tolerations,
+            )  # fmt: skip
+        return next((p for p in self.pools if p.product == product), self.pools[0])
 
 
 # ---------------------------------------------------------------- spec.workload

@@ -51,11 +51,13 @@ HF_TOKEN_ENV = "HF_TOKEN"
 NON_ROOT_UID = 10001  # the operator image's user (Dockerfile)
 
 
-def gpu_placement(obj: InferenceDeployment) -> Body:
-    """nodeSelector (the user's), affinity (the GPU product) and tolerations of a GPU pod."""
-    gpu = get_gpu(obj.spec.gpu.product)
-    selector = dict(obj.spec.gpu.node_selector or {})
-    tolerations: list[Body] = [t.wire() for t in obj.spec.gpu.tolerations or []]
+def gpu_placement(obj: InferenceDeployment, product: str | None = None) -> Body:
+    """nodeSelector (the user's), affinity (the GPU product) and tolerations of a GPU pod on
+    the pool of `product` (None: the spec's one pool, or its first)."""
+    pool = obj.spec.gpu.pool(product)
+    gpu = get_gpu(pool.product)
+    selector = dict(pool.node_selector or {})
+    tolerations: list[Body] = [t.wire() for t in pool.tolerations or []]
     gpu_taint: Body = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
     if gpu_taint not in tolerations:
         tolerations.append(gpu_taint)

@@ -106,7 +106,8 @@ def render_serving(
     spec = obj.spec
     if runtime is None:
         runtime = runtime_for(settings.backend_for(obj))
-    get_gpu(spec.gpu.product)  # an unknown GPU is an InputError, simulated or not
+    for product in spec.gpu.products:
+        get_gpu(product)  # an unknown GPU is an InputError, simulated or not
     request = serving_request(obj, settings)
     if runtime.name == "simulated":
         request.resolve_model()  # the simulated server must know the model's shape

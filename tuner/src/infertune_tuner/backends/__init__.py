@@ -11,6 +11,7 @@ from infertune_tuner.request import TuningRequest
 
 BACKEND_HELP = (
     "simulated | simulated:perturbed | replay:PATH | triton | triton:simulated | triton:torch"
+    " (several pools: replay:PRODUCT=PATH,PRODUCT=PATH)"
 )
 
 
@@ -26,6 +27,10 @@ def make_backend(
 ) -> BenchmarkBackend:
     """Build the backend a `--backend` string names (``on_phase``: see ``base.Phase``;
     ``gpus``: the worker's GPU set the triton backend's trials are packed into)."""
+    if request.gpu.pools:  # several pools: a backend per pool (backends/per_pool.py)
+        from infertune_tuner.backends.per_pool import per_pool
+
+        return per_pool(spec, request, lambda s, r, i: make_backend(s, r, seed=i), seed)
     if spec == "simulated":
         from infertune_tuner.backends.simulated import SimulatedBackend
 

@@ -93,6 +93,14 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
                 "infertune version changed."
             ),
         ] = False,
+        pool: Annotated[
+            str | None,
+            typer.Option(
+                help="Measure only this pool of spec.gpu.pools: one worker per pool, each on "
+                "that pool's machines, sharing the study in spec.tuning.storage.",
+                metavar="PRODUCT",
+            ),
+        ] = None,
     ) -> None:
         """Tune a deployment locally and write report.json/md/html.
 
@@ -107,7 +115,7 @@ def tune_command(read_spec: SpecReader) -> Callable[..., None]:
             _tune(
                 read_spec, spec, backend=backend, out=out, seed=seed, max_trials=max_trials,
                 sampler=sampler, confidence=confidence, server_command=server_command,
-                progress=progress, retry_failed=retry_failed,
+                progress=progress, retry_failed=retry_failed, pool=pool,
             )  # fmt: skip
 
     return tune
@@ -133,6 +141,7 @@ def _tune(
     server_command: str | None,
     progress: bool,
     retry_failed: bool,
+    pool: str | None = None,
 ) -> None:
     """`tune`, its exit status decided here: by the report's outcome (:func:`_summary`), or
     130 for a Ctrl-C before the search began."""
@@ -180,7 +189,7 @@ def _tune(
             report = run_tune(
                 request, backend=backend, out_dir=out_dir, server_command=server_command,
                 on_start=shown.start, on_phase=shown.phase, on_trial=shown.trial,
-                retry_failed=retry_failed,
+                retry_failed=retry_failed, pool=pool,
             )  # fmt: skip
             shown.finish()
             if report is not None:
@@ -233,6 +242,8 @@ def _summary(report: Report, paths: list[Path]) -> None:
     )
     if view.headroom_warn and view.headroom:
         typer.echo(view.headroom)
+    for line in view.pools:
+        typer.echo(f"  pool {line}")
     for line in view.failures:
         typer.echo(f"  could not run: {line}")
     for nm in report.nearest_misses:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from infertune_tuner.metrics import LATENCY_METRICS
-from infertune_tuner.report.view import build_view, chances_cell, error_pct, measured_times
+from infertune_tuner.report.view import (
+    build_view,
+    chances_cell,
+    error_pct,
+    measured_times,
+    products_label,
+)
 from infertune_tuner.result import Metrics, Report, Trial
 
 
@@ -52,7 +58,7 @@ def render_markdown(report: Report) -> str:
         "",
         *([f"Next: {v.headline.next_step}", ""] if v.headline.next_step else []),
         *([v.pool, ""] if v.pool else []),
-        f"- Model `{r.model.name}` on `{r.gpu.product}` (at most {r.gpu.max_gpus_per_replica} GPUs "
+        f"- Model `{r.model.name}` on `{products_label(r)}` (at most {r.gpu.max_gpus_per_replica} GPUs "
         f"per replica), {r.workload.input_tokens} input / {r.workload.output_tokens} output tokens",
         "- SLO: "
         + ", ".join(b.label() for b in r.slo)
@@ -128,6 +134,8 @@ def render_markdown(report: Report) -> str:
             "lower-precision quantization (raise maxAccuracyLossPercent), or a faster GPU.",
             "",
         ]
+    if v.pools:
+        lines += ["## Which GPU", "", *[f"- {line}" for line in v.pools], ""]
     if v.failures:
         lines += ["## What could not run", "", *[f"- {line}" for line in v.failures], ""]
     executed, skipped = v.rows, v.ruled_out

@@ -43,7 +43,7 @@ def _radius(size: float) -> float:
 
 def _priority(p: Point) -> tuple[int, float]:
     """Who gets the nearest free spot first: the chosen one, then the rest by throughput."""
-    return (0 if p.chosen else 1, -p.tps)
+    return (0 if p.chosen else 1, -p.merit)
 
 
 def labelled(plot: Plot) -> list[int]:
@@ -63,11 +63,13 @@ def _place_labels(ax: Axes, plot: Plot, gid: str) -> list[Text]:
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     order = labelled(plot)
     to_px = ax.transData.transform
-    anchors = [tuple(to_px((p.latency_ms, p.tps))) for p in plot.points]
+    anchors = [tuple(to_px((p.latency_ms, plot.y(p)))) for p in plot.points]
     texts: dict[int, Text] = {}
     for i in sorted(order):
         p = plot.points[i]
-        text = ax.text(p.latency_ms, p.tps, p.label, fontsize=7, ha="left", va="bottom", zorder=5)
+        text = ax.text(
+            p.latency_ms, plot.y(p), p.label, fontsize=7, ha="left", va="bottom", zorder=5
+        )
         text.set_gid(f"{gid}-label-{i}")
         texts[i] = text
     sizes = {}
@@ -105,16 +107,16 @@ def figure(plot: Plot, *, title: str, gid: str = "pareto") -> tuple[Figure, list
     fig, ax = plt.subplots(figsize=(8, height), dpi=DPI)
     ok = [p for p in plot.points if p.slo_ok]
     bad = [p for p in plot.points if not p.slo_ok]
-    meets = ax.scatter([p.latency_ms for p in ok], [p.tps for p in ok], c="#2a9d8f",
+    meets = ax.scatter([p.latency_ms for p in ok], [plot.y(p) for p in ok], c="#2a9d8f",
                        s=MARKER_SIZE, label="meets SLO", zorder=3)  # fmt: skip
     meets.set_gid(f"{gid}-meets-slo")
-    misses = ax.scatter([p.latency_ms for p in bad], [p.tps for p in bad], c="#e76f51",
+    misses = ax.scatter([p.latency_ms for p in bad], [plot.y(p) for p in bad], c="#e76f51",
                         s=MARKER_SIZE, marker="x", label="misses SLO", zorder=3)  # fmt: skip
     misses.set_gid(f"{gid}-misses-slo")
     if plot.front:  # one point (the chosen one, alone) draws no line and needs no legend
         name = "Pareto front (meets SLO)" if len(plot.front) > 1 else "_front"
         (line,) = ax.plot(
-            [p.latency_ms for p in plot.front], [p.tps for p in plot.front], c="#264653",
+            [p.latency_ms for p in plot.front], [plot.y(p) for p in plot.front], c="#264653",
             lw=1, ls="--", label=name, zorder=2,
         )  # fmt: skip
         line.set_gid(f"{gid}-pareto-front")
@@ -122,12 +124,12 @@ def figure(plot: Plot, *, title: str, gid: str = "pareto") -> tuple[Figure, list
     limit.set_gid(f"{gid}-slo-bound")
     chosen = [p for p in plot.points if p.chosen]
     if chosen:
-        ring = ax.scatter([chosen[0].latency_ms], [chosen[0].tps], s=CHOSEN_SIZE,
+        ring = ax.scatter([chosen[0].latency_ms], [plot.y(chosen[0])], s=CHOSEN_SIZE,
                           facecolors="none", edgecolors="#1d3557", lw=2, label="chosen",
                           zorder=4)  # fmt: skip
         ring.set_gid(f"{gid}-chosen")
     ax.set_xlabel(plot.axis_label)
-    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_ylabel(plot.y_label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     # The legend sits below the axes: inside, it would cover points or labels.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from infertune_tuner import defaults
+from infertune_tuner import defaults, pools
 from infertune_tuner.metrics import latency_metric
 from infertune_tuner.report.headroom import headroom_line, unsettled
 from infertune_tuner.request import SloBound, TuningRequest
@@ -16,6 +16,7 @@ from infertune_tuner.result import (
     FailedStructure,
     MeasuredConfig,
     Metrics,
+    PoolOutcome,
     Report,
     Trial,
 )
@@ -56,6 +57,13 @@ class Point:
     tps: float
     slo_ok: bool
     chosen: bool
+    # Where the request lists several pools: what a million output tokens cost on it.
+    cost: float | None = None
+
+    @property
+    def merit(self) -> float:
+        """Higher is better: tok/s/GPU, or the negated cost where pools are compared."""
+        return -self.cost if self.cost is not None else self.tps
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,18 @@ class Plot:
     @property
     def axis_label(self) -> str:
         return f"{latency_metric(self.bound.metric).label} {self.bound.percentile} (ms)"
+
+    @property
+    def by_cost(self) -> bool:
+        """Cost per token against latency (several pools), else tok/s/GPU against latency."""
+        return any(p.cost is not None for p in self.points)
+
+    def y(self, p: Point) -> float:
+        return p.cost if p.cost is not None else p.tps
+
+    @property
+    def y_label(self) -> str:
+        return "cost per 1M output tokens" if self.by_cost else "output tokens/s per GPU"
 
 
 @dataclass(frozen=True)
@@ -86,10 +106,12 @@ class View:
     headroom_warn: bool  # some bound is met only within run-to-run noise (headroom.unsettled)
     failures: list[str]  # what could not run, one line per structure or failure
     pool: str | None  # what measured: said when it was not GPUs (the simulated pool)
+    pools: list[str]  # per pool of a several-pool request: its best and why it won or lost
 
 
 def _config(c: ConfigOut) -> str:
-    return f"TP{c.tp}, max batch {c.max_batch_size}, {c.quantization}, KV {c.kv_cache_dtype}"
+    own = f"TP{c.tp}, max batch {c.max_batch_size}, {c.quantization}, KV {c.kv_cache_dtype}"
+    return f"{c.gpu}, {own}" if c.gpu else own
 
 
 def headline(report: Report) -> Headline:
@@ -103,6 +125,12 @@ def headline(report: Report) -> Headline:
             f"{_config(c)} -> {m.output_tokens_per_s_per_gpu:.0f} output tok/s/GPU, meeting "
             "every SLO bound"
         )
+        if (cost := report.best.cost_per_million_output_tokens) is not None:
+            found = (
+                f"{_config(c)} -> {m.output_tokens_per_s_per_gpu:.0f} output tok/s/GPU, "
+                f"{_money(cost)} per 1M output tokens: the cheapest of {len(report.pools)} pools "
+                "meeting every SLO bound"
+            )
         if report.stop == StopKind.INTERRUPTED:
             return Headline(
                 Outcome.FOUND_SO_FAR,
@@ -227,6 +255,7 @@ def confidence_gap(report: Report, *, short: bool = False) -> str | None:
 def _points(report: Report, bound: SloBound) -> list[Point]:
     chosen = report.best.config if report.best else None
     measured = report.measured or _measured_from_trials(report)
+    request = report.parsed_request()
     return [
         Point(
             c.config,
@@ -235,6 +264,9 @@ def _points(report: Report, bound: SloBound) -> list[Point]:
             c.metrics.output_tokens_per_s_per_gpu,
             bool(c.slo_ok),
             c.config == chosen,
+            pools.cost_per_million(
+                pools.price_of(request, c.config.gpu or ""), c.metrics.output_tokens_per_s_per_gpu
+            ),
         )
         for c in measured
         if c.metrics is not None
@@ -259,19 +291,20 @@ def _measured_from_trials(report: Report) -> list[MeasuredConfig]:
 
 def pareto_front(points: list[Point]) -> list[Point]:
     """SLO-meeting points that no other SLO-meeting point beats on both axes (lower latency,
-    higher throughput), by latency: a point that misses the SLO is no trade-off on offer."""
+    higher throughput, or lower cost where pools are compared), by latency: a point that misses
+    the SLO is no trade-off on offer."""
     ok = [p for p in points if p.slo_ok]
     front = [
         p
         for p in ok
         if not any(
             q.latency_ms <= p.latency_ms
-            and q.tps >= p.tps
-            and (q.latency_ms < p.latency_ms or q.tps > p.tps)
+            and q.merit >= p.merit
+            and (q.latency_ms < p.latency_ms or q.merit > p.merit)
             for q in ok
         )
     ]
-    return sorted(front, key=lambda p: (p.latency_ms, -p.tps))
+    return sorted(front, key=lambda p: (p.latency_ms, -p.merit))
 
 
 PURPOSES = {
@@ -375,7 +408,24 @@ def build_view(report: Report) -> View:
         headroom_warn=bool(unsettled(report)),
         failures=[failure_line(f) for f in report.could_not_run],
         pool=pool_line(report),
+        pools=[pool_outcome_line(p) for p in report.pools],
     )
+
+
+def _money(cost: float) -> str:
+    return f"${cost:.3g}"
+
+
+def pool_outcome_line(p: PoolOutcome) -> str:
+    """One pool: its price, its best and its cost, and why it won or lost."""
+    head = f"{p.product} at {_money(p.price_per_gpu_hour)}/GPU-hour ({p.executed_trials} trials)"
+    if p.best is not None and p.cost_per_million_output_tokens is not None:
+        head += (
+            f": best {_config(p.best)[len(p.product) + 2 :]}, "
+            f"{p.output_tokens_per_s_per_gpu or 0:.0f} tok/s/GPU, "
+            f"{_money(p.cost_per_million_output_tokens)} per 1M output tokens"
+        )
+    return f"{head} - {p.verdict.replace('_', ' ')}: {p.reason}"
 
 
 def pool_line(report: Report) -> str | None:
@@ -385,8 +435,12 @@ def pool_line(report: Report) -> str | None:
         return None
     return (
         f"Measured on the simulated GPU pool (the performance model with measurement noise), not "
-        f"on {report.parsed_request().gpu.product} GPUs; --backend triton measures real ones."
+        f"on {products_label(report.parsed_request())} GPUs; --backend triton measures real ones."
     )
+
+
+def products_label(request: TuningRequest) -> str:
+    return " / ".join(pools.products(request)) or request.gpu.product
 
 
 def _trials(numbers: list[int]) -> str:

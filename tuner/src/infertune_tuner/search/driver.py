@@ -39,7 +39,7 @@ from optuna.distributions import BaseDistribution
 from optuna.study import Study
 from optuna.trial import TrialState
 
-from infertune_tuner import slo
+from infertune_tuner import pools, slo
 from infertune_tuner.backends.base import BenchmarkBackend
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
@@ -90,6 +90,7 @@ class Skip(StrEnum):
     TAKEN = "being measured by another worker"
     MEASURED = "measured before its worker died"
     NOT_PROPOSED = "the sampler proposed nothing to measure now"
+    OTHER_POOL = "a trial of another GPU pool (its own worker measures it when it is needed)"
 
 
 def study_name(request: TuningRequest, backend: str) -> str:
@@ -156,6 +157,8 @@ class Search:
         setup: The set-up fingerprint (run.setup_fingerprint), recorded on each trial.
         scope: Whose failed trials count as evidence (:func:`failure_scope`, as the sampler
             was given it).
+        pool: The one GPU pool this worker measures on (as the sampler was given it); "":
+            every pool of the space.
     """
 
     def __init__(
@@ -171,8 +174,10 @@ class Search:
         shared: bool = False,
         setup: str | None = None,
         scope: Scope | None = None,
+        pool: str = "",
     ) -> None:
         self.prior = prior
+        self.pool = pool
         self.request = prior.request
         self.settings = settings
         self.study = study
@@ -250,6 +255,8 @@ class Search:
             self._suggest(trial)  # the retried trial keeps its parameters
             if ATTR_MEASUREMENT in trial.user_attrs:  # its worker died after measuring it
                 self._skip(trial, Skip.MEASURED, cfg)
+            if self.pool and cfg.gpu != self.pool:  # this worker's GPUs cannot run it
+                self._skip(trial, Skip.OTHER_POOL, cfg)
         else:
             # Read before the sampler decides: a trial that ends meanwhile must wake a wait.
             before = self.evidence().state
@@ -264,11 +271,13 @@ class Search:
                 self._skip(trial, Skip.NOT_PROPOSED, cfg)
             if decision is None and cfg in self.evidence().in_flight:
                 self._skip(trial, Skip.TAKEN, cfg)  # a guarded sampler drew another's claim
+            if self.pool and cfg.gpu != self.pool:  # never proposed here: a safety net
+                self._skip(trial, Skip.OTHER_POOL, cfg)
         trial.set_user_attr(ATTR_CONFIG, cfg.as_dict())
         trial.set_user_attr(ATTR_RUN, self.run_id)
         if self.setup is not None:
             trial.set_user_attr(ATTR_SETUP, self.setup)
-        if (tps := self.prior.tps.get(cfg)) is not None:
+        if (tps := self.prior.tps.get(cfg)) is not None:  # its tok/s/GPU, not the objective
             trial.set_user_attr("predicted_tps", tps)
         return cfg
 
@@ -297,7 +306,7 @@ class Search:
     def _objective(
         self, backends: queue.Queue[BenchmarkBackend]
     ) -> Callable[[optuna.Trial], float]:
-        model, gpu = self.request.resolve_model(), self.request.resolve_gpu()
+        model = self.request.resolve_model()
         failed_on: dict[TrialConfig, BenchmarkBackend] = {}  # where a transient failure happened
 
         def objective(trial: optuna.Trial) -> float:
@@ -314,7 +323,7 @@ class Search:
             if is_transient(m):  # its re-run goes to another worker's backend when one is free
                 failed_on[cfg] = backend
             s = self.settings
-            m = judge(m, cfg, model=model, gpu=gpu,
+            m = judge(m, cfg, model=model, gpu=pools.gpu_of(self.request, cfg),
                       output_tokens=self.request.workload.output_tokens,
                       margin=s.plausible_margin, short_output=s.short_output,
                       speedup=backend.speedup)  # fmt: skip
@@ -331,7 +340,7 @@ class Search:
                     ),
                 )
             if m.status == "ok" and m.output_tokens_per_s_per_gpu is not None:
-                return m.output_tokens_per_s_per_gpu
+                return pools.value(self.request, cfg, m.output_tokens_per_s_per_gpu)
             raise TrialFailed(m.reason or m.status)
 
         return objective

@@ -34,11 +34,11 @@ from typing import Any
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from infertune_tuner import slo
+from infertune_tuner import pools, slo
 from infertune_tuner.catalog.gpus import Gpu
 from infertune_tuner.catalog.llms import ModelArch
 from infertune_tuner.catalog.quantization import QUANTIZATIONS
-from infertune_tuner.config import TrialConfig
+from infertune_tuner.config import GPU_KEY, TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.metrics import LATENCY_METRICS, PERCENTILES
 from infertune_tuner.perfmodel.latency import Percentiles
@@ -73,6 +73,7 @@ def config_of(params: Mapping[str, Any]) -> TrialConfig:
         int(params["max_batch_size"]),
         str(params["quantization"]),
         str(params["kv_cache_dtype"]),
+        str(params.get(GPU_KEY, "")),
     )
 
 
@@ -390,7 +391,10 @@ class Evidence:
     # Per measured configuration, the least room its typical run leaves inside a bound.
     room: dict[TrialConfig, float] = field(init=False)
     feasible: dict[TrialConfig, Measurement] = field(init=False)
-    best: TrialConfig | None = field(init=False)  # highest mean tok/s/GPU (ties: fewer GPUs)
+    # Per configuration run, what its tok/s/GPU is worth (pools.worth: 1 on one pool).
+    worth: dict[TrialConfig, float] = field(init=False)
+    # The highest objective: mean tok/s/GPU x worth (ties: fewer GPUs).
+    best: TrialConfig | None = field(init=False)
     best_tps: float = field(init=False)
     # What a decision from this evidence depends on (runs per configuration, what is in flight):
     # equal states decide alike, so a decision is reused.
@@ -415,11 +419,9 @@ class Evidence:
             for c, m in measured.items()
             if m.status == "ok" and checks.get(c) and all(ch.ok for ch in checks[c])
         }
-        best = (
-            max(feasible, key=lambda c: (feasible[c].output_tokens_per_s_per_gpu or 0.0, -c.tp, c))
-            if feasible
-            else None
-        )
+        worth = {c: pools.worth(request, c) for c in self.runs}
+        value = {c: (m.output_tokens_per_s_per_gpu or 0.0) * worth[c] for c, m in feasible.items()}
+        best = max(feasible, key=lambda c: (value[c], -c.tp, c)) if feasible else None
         counts = {c: len(ms) for c, ms in kept.items() if ms}
         put(self, "measured", measured)
         put(self, "failures", failures)
@@ -431,9 +433,15 @@ class Evidence:
         put(self, "runs_meet", runs_meet)
         put(self, "room", room)
         put(self, "feasible", feasible)
+        put(self, "worth", worth)
         put(self, "best", best)
-        put(self, "best_tps", (measured[best].output_tokens_per_s_per_gpu or 0.0) if best else 0.0)
+        # The best's objective: its tok/s/GPU, x its pool's worth where there are several.
+        put(self, "best_tps", value[best] if best else 0.0)
         put(self, "state", (frozenset(counts.items()), self.in_flight, self.executed))
+
+    def value(self, cfg: TrialConfig, m: Measurement) -> float:
+        """The objective of `cfg`'s measurement `m`: its tok/s/GPU x its pool's worth."""
+        return (m.output_tokens_per_s_per_gpu or 0.0) * self.worth.get(cfg, 1.0)
 
 
 # ------------------------------------------------------------------ valid measurements

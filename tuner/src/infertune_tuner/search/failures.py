@@ -75,6 +75,8 @@ def atoms(cfg: TrialConfig, space: SearchSpace) -> frozenset[Atom]:
     out.update(
         ("batch", f">={b}") for b in sorted(space.max_batch_size)[1:] if cfg.max_batch_size >= b
     )
+    if len(space.gpus) > 1:  # a pool's nodes (their driver, their image) can break alone
+        out.add(("gpu", cfg.gpu))
     return frozenset(out)
 
 
@@ -88,11 +90,12 @@ def groups_of(a: frozenset[Atom]) -> frozenset[Group]:
 
 def group_label(g: Group) -> str:
     """`w4a16_awq`, `TP8`, `KV fp8`, `batch >= 128`, `fp8 + KV fp8`, `w4a16_awq at TP>1`."""
-    order = {"quantization": 0, "kv": 1, "tp": 2, "batch": 3}
+    order = {"quantization": 0, "kv": 1, "tp": 2, "batch": 3, "gpu": 4}
     parts = []
     for dim, value in sorted(g, key=lambda x: order[x[0]]):
         parts.append({"quantization": value, "kv": f"KV {value}", "tp": f"TP{value}",
-                      "batch": f"batch {value.replace('>=', '>= ')}"}[dim])  # fmt: skip
+                      "batch": f"batch {value.replace('>=', '>= ')}",
+                      "gpu": f"on {value}"}[dim])  # fmt: skip
     return " + ".join(parts)
 
 
@@ -252,7 +255,7 @@ def group_priors(
     `failure_prior`."""
     per_dim = {
         "quantization": 1, "kv": 1, "tp": 2 if sum(1 for t in space.tensor_parallel if t > 1) > 1 else 1,
-        "batch": max(len(space.max_batch_size) - 1, 1),
+        "batch": max(len(space.max_batch_size) - 1, 1), "gpu": 1,
     }  # fmt: skip
 
     def weight(g: Group) -> float:

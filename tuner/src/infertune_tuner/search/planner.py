@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from infertune_tuner.config import TrialConfig
+from infertune_tuner.pools import objective_label
 from infertune_tuner.result import Chances, ConfigOut
 from infertune_tuner.search.evidence import Decision, Evidence
 from infertune_tuner.search.failures import atoms
@@ -61,8 +62,12 @@ class Structure:
     @classmethod
     def of(cls, cfg: TrialConfig, prior: Prior) -> tuple[Structure, Structure]:
         # A measured configuration is of the study's space (its request names the study); one
-        # outside it would stand for its own quantization.
-        tp, weights = prior.structure.get(cfg, (str(cfg.tp), cfg.quantization))
+        # outside it would stand for its own quantization. A pool is no structure to cover: the
+        # posterior gives a pool of another architecture its own error, whole (its kernel's
+        # pool coordinates), so what covering would guard against is in P(beats) already
+        # (measured: covering pools too cost a median trial more, benchmarks/pool_tuning.py,
+        # and found nothing more).
+        tp, weights, _ = prior.structure.get(cfg, (str(cfg.tp), cfg.quantization, cfg.gpu))
         return cls("tp", tp), cls("quantization", weights)
 
     def label(self) -> str:
@@ -106,9 +111,9 @@ def could_win(
         need = math.log(best_tps * (1 + improvement))
         tps = errors.get(TPS, {})
         shift = tps.get(best, 0.0) + model_error(tps, floor)
-        if math.log(prior.tps[cfg]) + shift <= need:
+        if math.log(prior.value(cfg, prior.tps[cfg])) + shift <= need:
             return False
-        if prior.decode_bound[cfg] <= best_tps * (1 + improvement):
+        if prior.value(cfg, prior.decode_bound[cfg]) <= best_tps * (1 + improvement):
             return False
     for b in prior.bounds:
         seen = errors.get(b.key, {})
@@ -155,7 +160,7 @@ def gaps(a: Assessment, prior: Prior, settings: SearchSettings) -> list[Gap]:
         ]  # fmt: skip
         if not contenders:
             continue
-        target = max(contenders, key=lambda c: (prior.tps[c], c))
+        target = max(contenders, key=lambda c: (prior.value(c, prior.tps[c]), c))
         near = any(
             s in Structure.of(m, prior)
             and abs(math.log(m.max_batch_size / target.max_batch_size)) <= near_log + 1e-9
@@ -164,7 +169,9 @@ def gaps(a: Assessment, prior: Prior, settings: SearchSettings) -> list[Gap]:
         )
         if target not in valid and not near:
             out.append(Gap(s, target))
-    return sorted(out, key=lambda g: (prior.tps[g.target], g.target), reverse=True)
+    return sorted(
+        out, key=lambda g: (prior.value(g.target, prior.tps[g.target]), g.target), reverse=True
+    )
 
 
 # ------------------------------------------------------------------ confirmations
@@ -187,7 +194,7 @@ def confirmations(
     likely than not the better (`doubted`: its runs and the incumbent's disagree with what their
     neighbours say) and the incumbent are measured until each has `tie_repeats` runs. A
     configuration another worker is measuring again is confirmed there."""
-    best_tps = ev.measured[best].output_tokens_per_s_per_gpu or 0.0
+    best_tps = ev.best_tps  # the objective: tok/s/GPU (x its pool's worth: pools.py)
     runs = ev.counts
     out = [best] if runs.get(best, 0) < 2 and best not in ev.in_flight else []
     for cfg, m in ev.feasible.items():
@@ -196,7 +203,7 @@ def confirmations(
         if cfg in rivals:
             out.append(cfg)
             continue
-        if (m.output_tokens_per_s_per_gpu or 0.0) * (1 + settings.improvement) < best_tps:
+        if ev.value(cfg, m) * (1 + settings.improvement) < best_tps:
             continue
         if ev.room[cfg] < settings.confirm_margin:
             out.append(cfg)
@@ -215,8 +222,7 @@ def straddlers(ev: Evidence, best_tps: float, settings: SearchSettings) -> list[
     for cfg, meets in ev.runs_meet.items():
         if len(meets) != 2 or None in meets or cfg in ev.in_flight:
             continue
-        tps = ev.measured[cfg].output_tokens_per_s_per_gpu or 0.0
-        if tps * (1 + settings.improvement) < best_tps:
+        if ev.value(cfg, ev.measured[cfg]) * (1 + settings.improvement) < best_tps:
             continue
         if len(set(meets)) == 2:
             out.append(cfg)
@@ -279,12 +285,17 @@ class Planner:
         prior: The space's predictions and fixed facts.
         settings: The search's constants (the request's confidence target applied).
         max_trials: The budget (executed trials, confirmations included).
+        pool: The one GPU pool this worker measures on (a tuner Job per pool, workers of one
+            study); "" measures every pool.
     """
 
-    def __init__(self, prior: Prior, settings: SearchSettings, *, max_trials: int) -> None:
+    def __init__(
+        self, prior: Prior, settings: SearchSettings, *, max_trials: int, pool: str = ""
+    ) -> None:
         self.prior = prior
         self.settings = settings
         self.max_trials = max_trials
+        self.pool = pool
 
     def decide(self, ev: Evidence, a: Assessment) -> Decision:
         """The next trial, or why to stop.
@@ -298,6 +309,10 @@ class Planner:
             reason; or neither (wait: only an in-flight trial may still change the answer).
         """
         d = self._next(a, remaining(ev, self.max_trials))
+        if self.pool and d.config is not None and d.config.gpu != self.pool:
+            # The study's next trial is another pool's (its worker takes it): this worker
+            # measures what its own pool most needs meanwhile, or waits.
+            d = self._next(a, remaining(ev, self.max_trials), mine=self.pool)
         why = stop_reason(
             ev, space=self.prior.space, max_trials=self.max_trials, settings=self.settings,
             wants_trial=d.config is not None, verdict=d.stop,
@@ -328,43 +343,54 @@ class Planner:
         doubted = {c for c in rivals if chance[c] >= st.tie_doubt}
         return confirmations(ev, a.best, rivals, st, doubted)
 
-    def explore_pick(self, a: Assessment) -> TrialConfig:
-        """The candidate to explore: the one with the largest expected gain. (The benchmark's
-        oracle, benchmarks/oracle.py, overrides this with a choice that knows the truth.)"""
-        return a.candidates[int(np.argmax(a.gain[: len(a.candidates)]))]
+    def explore_pick(self, a: Assessment, mine: str = "") -> TrialConfig:
+        """The candidate to explore: the one with the largest expected gain (of pool `mine`
+        when given). (The benchmark's oracle, benchmarks/oracle.py, overrides this with a
+        choice that knows the truth.)"""
+        gain = a.gain[: len(a.candidates)]
+        if mine:
+            gain = np.where([c.gpu == mine for c in a.candidates], gain, -np.inf)
+        return a.candidates[int(np.argmax(gain))]
 
-    def _next(self, a: Assessment, left: int) -> Decision:
+    def _next(self, a: Assessment, left: int, mine: str = "") -> Decision:
+        """The next trial; with `mine`, the next of that pool only (wait when it has none)."""
         st, ev = self.settings, a.evidence
         conf = a.confidence
-        confirm = self._confirmations(a)
+        confirm = [c for c in self._confirmations(a) if not mine or c.gpu == mine]
         n_cands = len(a.candidates)
         worth = st.min_expected_gain * a.best_tps
-        explore = (
-            a.p_untried >= st.stop_probability and n_cands > 0 and a.gain[:n_cands].max() > worth
-        )
+        gain = a.gain[:n_cands]
+        if mine:
+            gain = gain[[c.gpu == mine for c in a.candidates]]
+        explore = a.p_untried >= st.stop_probability and gain.size > 0 and gain.max() > worth
         if confirm and left == 1:
             return self._measure(a, confirm[0], "confirm")
         early = st.confirm_incumbent_after
         if (explore and early and a.best is not None and ev.counted_runs >= early
-                and ev.counts.get(a.best, 0) < 2 and a.best not in ev.in_flight):  # fmt: skip
+                and ev.counts.get(a.best, 0) < 2 and a.best not in ev.in_flight
+                and (not mine or a.best.gpu == mine)):  # fmt: skip
             # Exploration measures against the incumbent: a lucky first run of it would send the
             # search after configurations that beat noise. Its second run comes first.
             return self._measure(a, a.best, "confirm")
         if explore:
-            return self._measure(a, self.explore_pick(a), "explore")
-        if (holes := gaps(a, self.prior, st)) and left > 1:
+            return self._measure(a, self.explore_pick(a, mine), "explore")
+        holes = [g for g in gaps(a, self.prior, st) if not mine or g.target.gpu == mine]
+        if holes and left > 1:
             return self._measure(a, holes[0].target, "cover")
         if confirm:
             return self._measure(a, confirm[0], "confirm")
-        if ev.in_flight:
-            return Decision(None, confidence=conf)  # wait: an in-flight trial may still win
+        if ev.in_flight or mine:
+            # wait: an in-flight trial may still win (or, for one pool's worker, the study's
+            # next trial is another pool's)
+            return Decision(None, confidence=conf)
         probes = sum(1 for m in ev.measured.values() if m.status == "ok")
         if a.best is None and probes < st.min_probes and a.candidates:
             i = int(np.argmax(a.p_success[: len(a.candidates)]))
             return self._measure(a, a.candidates[i], "probe")
         if a.best is not None:
             return Decision(None, stop=StopReason(StopKind.CONVERGED, (
-                f"P(an untried configuration beats {a.best_tps:.0f} tok/s/GPU by more than "
+                f"P(an untried configuration beats {objective_label(self.prior.request, a.best_tps)} "
+                "by more than "
                 f"{st.improvement:.0%}) = {a.p_untried:.1%} < {100 * st.stop_probability:.3g}%; "
                 f"confidence the optimum was found: {conf:.1%}"
             )), confidence=conf)  # fmt: skip

@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.special import ndtr, ndtri
 
+from infertune_tuner import pools
+from infertune_tuner.catalog.gpus import Gpu, get_gpu
 from infertune_tuner.catalog.quantization import KV_DTYPE_BYTES, QUANTIZATIONS
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
@@ -126,8 +128,9 @@ def memory_dims(c: TrialConfig) -> tuple[float, float, float, float]:
 
 
 def twin(c: TrialConfig) -> tuple[object, ...]:
-    """Configurations the model cannot tell apart (bf16 vs fp16 weights) share a twin key."""
-    return (c.tp, c.max_batch_size, *kernels(c.quantization), c.kv_cache_dtype)
+    """Configurations the model cannot tell apart (bf16 vs fp16 weights, on one pool) share a
+    twin key."""
+    return (c.tp, c.max_batch_size, *kernels(c.quantization), c.kv_cache_dtype, c.gpu)
 
 
 def memory_margin(prediction: Prediction, gpu_memory_gib: float) -> float:
@@ -191,10 +194,17 @@ class Prior:
     universe: tuple[TrialConfig, ...]  # not ruled out by the memory model's wide margin
     tps: Mapping[TrialConfig, float]  # predicted tok/s/GPU
     features: Mapping[TrialConfig, np.ndarray]
-    structure: Mapping[TrialConfig, tuple[str, str]]  # its TP and its weights' twins name
+    # Its TP, its weights' twins name and its pool ("" on one pool).
+    structure: Mapping[TrialConfig, tuple[str, str, str]]
     decode_bound: Mapping[TrialConfig, float]  # evidence.decode_bound
     bounds: tuple[Bound, ...]
     particles: Mapping[QuantityKey, tuple[Hyper, ...]]  # hyperparameter settings per quantity
+    # What a tok/s/GPU of it is worth (pools.worth): the objective is tok/s/GPU x worth.
+    worth: Mapping[TrialConfig, float]
+
+    def value(self, cfg: TrialConfig, tps: float) -> float:
+        """The objective of `cfg` at `tps` tok/s/GPU (tps itself on one pool)."""
+        return tps * self.worth.get(cfg, 1.0)
 
     @classmethod
     def build(
@@ -204,9 +214,17 @@ class Prior:
         predictions: Mapping[TrialConfig, Prediction],
         settings: SearchSettings,
     ) -> Prior:
-        model, gpu = request.resolve_model(), request.resolve_gpu()
+        model = request.resolve_model()
         configs = space.configs
-        margin = {c: memory_margin(predictions[c], gpu.memory_gib) for c in configs}
+        gpu = {c: pools.gpu_of(request, c) for c in configs}
+        margin = {c: memory_margin(predictions[c], gpu[c].memory_gib) for c in configs}
+        coords = pool_coordinates(
+            [get_gpu(p) for p in space.gpus], settings.pool_correlation
+        )  # fmt: skip
+        feats = {
+            c: np.concatenate([features(c), coords[c.gpu]]) if c.gpu else features(c)
+            for c in configs
+        }
         bounds = tuple(
             Bound(
                 QuantityKey(b.metric, b.percentile),
@@ -225,9 +243,10 @@ class Prior:
             margin=margin,
             universe=tuple(c for c in configs if margin[c] >= -settings.wide_margin),
             tps={c: predictions[c].output_tokens_per_s_per_gpu for c in configs},
-            features={c: features(c) for c in configs},
-            structure={c: (str(c.tp), twins(c.quantization)) for c in configs},
-            decode_bound={c: decode_bound(model, gpu, c) for c in configs},
+            features=feats,
+            structure={c: (str(c.tp), twins(c.quantization), c.gpu) for c in configs},
+            decode_bound={c: decode_bound(model, gpu[c], c) for c in configs},
+            worth={c: pools.worth(request, c) for c in configs},
             bounds=bounds,
             particles={k: hp.of(k.metric).particles(settings.particles) for k in keys},
         )
@@ -305,7 +324,7 @@ def _ruled_by_neighbours(
     twin), or None. A measurement that was not valid rules nothing out."""
     dims = memory_dims(cfg)
     for other, m in ev.measured.items():
-        if m.status == "invalid":
+        if m.status == "invalid" or other.gpu != cfg.gpu:  # another pool's GPUs rule nothing here
             continue
         larger = all(a >= b for a, b in zip(dims, memory_dims(other), strict=True))
         if m.status == "oom" and larger:
@@ -406,12 +425,34 @@ def terms(a: np.ndarray, b: np.ndarray, lengths: Sequence[float], n_trends: int)
 
 
 def kernel(a: np.ndarray, b: np.ndarray, h: Hyper) -> np.ndarray:
-    """k(a_i, b_j) for feature rows `a` and `b` under setting `h`."""
-    t = terms(a, b, h.lengths, len(h.trends))
+    """k(a_i, b_j) for feature rows `a` and `b` under setting `h`; rows with pool coordinates
+    (`pool_coordinates`) multiply it by the pools' correlation, their coordinates' product."""
+    n = len(FEATURES)
+    t = terms(a[:, :n], b[:, :n], h.lengths, len(h.trends))
     k = h.sigma_global**2 + h.sigma_local**2 * t.shape
     for s, part in zip(h.trends, t.trend, strict=True):
         k = k + s**2 * part
+    if a.shape[1] > n and b.shape[1] > n:
+        k = k * (a[:, n:] @ b[:, n:].T)
     return k
+
+
+def pool_coordinates(gpus: Sequence[Gpu], correlation: float) -> dict[str, np.ndarray]:
+    """Per pool, coordinates whose products are the correlation of the model's error between
+    two pools: 1 on one pool, `correlation` between two products of one architecture (the same
+    kernels, the same software), 0 across architectures (other kernels: the model's error on
+    one says nothing of the other). sqrt(c) x one-hot(architecture) ++ sqrt(1 - c) x
+    one-hot(product): a valid (positive semi-definite) correlation for any c in [0, 1]."""
+    archs = sorted({g.architecture for g in gpus})
+    keys = [g.key for g in gpus]
+    out = {}
+    for g in gpus:
+        arch = np.array([a == g.architecture for a in archs], dtype=float)
+        own = np.array([k == g.key for k in keys], dtype=float)
+        out[g.key] = np.concatenate(
+            [math.sqrt(correlation) * arch, math.sqrt(1 - correlation) * own]
+        )
+    return out
 
 
 def prior_variance(x: np.ndarray, h: Hyper) -> np.ndarray:
@@ -727,7 +768,8 @@ class Posterior:
         )
 
     def x(self, configs: Sequence[TrialConfig]) -> np.ndarray:
-        return np.array([self.features[c] for c in configs]).reshape(len(configs), len(FEATURES))
+        width = len(next(iter(self.features.values()), np.zeros(len(FEATURES))))
+        return np.array([self.features[c] for c in configs]).reshape(len(configs), width)
 
     def mean(self, key: QuantityKey, configs: Sequence[TrialConfig]) -> np.ndarray:
         """Posterior mean log-error of a quantity (TPS or a bound's) at `configs`."""
@@ -900,8 +942,8 @@ class Assessment:
     p_beat: np.ndarray  # P(succeeds and beats the incumbent by > improvement)
     p_success: np.ndarray  # P(fits and meets every SLO bound); 1 for measured feasible ones
     p_fit: np.ndarray
-    gain: np.ndarray  # expected gain over incumbent * (1 + improvement)
-    estimate: np.ndarray  # the posterior's median tok/s/GPU
+    gain: np.ndarray  # expected gain over incumbent * (1 + improvement), in the objective
+    estimate: np.ndarray  # the posterior's median objective (tok/s/GPU on one pool)
     p_any: float  # P(some configuration, measured or not, beats the incumbent)
     p_untried: float  # P(some untried or in-flight configuration beats the incumbent)
     confidence: float  # 1 - p_any: the optimum was found
@@ -921,6 +963,7 @@ def _marginal(
         z = np.zeros(0)
         return z, z, z
     log_prior = np.log([prior.tps[c] for c in cands])
+    log_worth = np.log([prior.worth[c] for c in cands])
     bounds: dict[QuantityKey, np.ndarray] = {}
     for b in prior.bounds:
         limit = log_bound(b.bound.max_ms, np.array([b.predicted[c] for c in cands]))
@@ -931,7 +974,7 @@ def _marginal(
     p_success = post.success(cands, bounds, low) * p_fit * runs
     if threshold <= 0:
         return p_success, p_fit, p_success
-    above = math.log(threshold) - log_prior
+    above = math.log(threshold) - log_prior - log_worth  # the threshold is an objective
     above = above if low is None else np.maximum(above, low)
     return p_success, p_fit, post.success(cands, bounds, above) * p_fit * runs
 
@@ -992,6 +1035,7 @@ def assess(
     prior_tps = np.array([prior.tps[c] for c in pool])
     tps_err, lat_err = post.sample(pool, n, rng, joint)
     tps = prior_tps * np.exp(tps_err)
+    value = tps * np.array([prior.worth[c] for c in pool])[None, :]  # the objective
     untested = len(joint)
     success = np.ones((n, m), dtype=bool)
     for b in prior.bounds:
@@ -1007,13 +1051,13 @@ def assess(
         success[:, :untested] &= failures.draws[:, [column[c] for c in joint]]
     if best is not None:
         inc = pool.index(best)
-        line = (1 + st.improvement) * tps[:, inc : inc + 1]
-        beats = success & (tps > line)
+        line = (1 + st.improvement) * value[:, inc : inc + 1]
+        beats = success & (value > line)
         beats[:, inc] = False
     else:
         line = np.zeros((n, 1))
         beats = success.copy()
-    gain = np.where(beats, tps - line, 0.0).mean(axis=0)
+    gain = np.where(beats, value - line, 0.0).mean(axis=0)
     # Arrays over all candidates (marginal where not drawn jointly), then the rest of the pool.
     full = cands + flying + feasible
     p_beat = np.concatenate([m_beat, np.zeros(len(flying) + len(feasible))])
@@ -1038,7 +1082,7 @@ def assess(
         p_success=p_success,
         p_fit=p_fit,
         gain=g,
-        estimate=np.array([prior.tps[c] for c in full])
+        estimate=np.array([prior.value(c, prior.tps[c]) for c in full])
         * np.exp(post.tps.marginal(post.x(full))[0]),
         p_any=p_any,
         p_untried=float(beats[:, :untested].any(axis=1).mean()) if untested else 0.0,

@@ -28,7 +28,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from infertune_tuner.config import CONFIG_KEYS, TrialConfig
+from infertune_tuner.config import GPU_KEY, PARAM_KEYS, TrialConfig
 from infertune_tuner.search.evidence import (
     ATTR_CONFIG,
     DECISION_ATTR,
@@ -51,12 +51,16 @@ _FIXED = "fixed_params"  # Optuna's system attribute on a trial re-run with its 
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
-    return {
+    """One categorical parameter per dimension of the space (the pool only where it has several)."""
+    out: dict[str, BaseDistribution] = {
         "tp": CategoricalDistribution(list(space.tensor_parallel)),
         "max_batch_size": CategoricalDistribution(list(space.max_batch_size)),
         "quantization": CategoricalDistribution(list(space.quantization)),
         "kv_cache_dtype": CategoricalDistribution(list(space.kv_cache_dtype)),
     }
+    if space.gpus:
+        out[GPU_KEY] = CategoricalDistribution(list(space.gpus))
+    return out
 
 
 def _retried(trial: FrozenTrial) -> bool:
@@ -75,6 +79,7 @@ class AutoSampler(BaseSampler):
         scope: Whose `error` trials count (evidence.Scope; None: every run's).
         planner: Builds the planner from (prior, settings, max_trials=); the benchmark's oracle
             is the one other.
+        pool: The one GPU pool this worker measures on ("": every pool of the space).
     """
 
     def __init__(
@@ -85,11 +90,13 @@ class AutoSampler(BaseSampler):
         seed: int = 0,
         scope: Scope | None = None,
         planner: PlannerFactory = Planner,
+        pool: str = "",
     ) -> None:
         self.prior = prior
         self.settings = settings
         self.max_trials = prior.request.tuning.max_trials
-        self.planner = planner(prior, settings, max_trials=self.max_trials)
+        own = {"pool": pool} if pool else {}  # the oracle's factory knows no pools
+        self.planner = planner(prior, settings, max_trials=self.max_trials, **own)
         self._dists = distributions(prior.space)
         self._seed = seed
         self._scope = scope
@@ -169,9 +176,10 @@ class SkipRuledOut(BaseSampler):
         base: Optuna's sampler.
         prior: The space's predictions and fixed facts.
         settings: The search's constants.
-        distributions: The four configuration parameters.
+        distributions: The configuration parameters (the pool's with several pools).
         scope: Whose `error` trials count (evidence.Scope; None: every run's).
         seed: For the values drawn in place of a proposal that breaks the rule.
+        pool: The one GPU pool this worker measures on ("": every pool of the space).
     """
 
     def __init__(
@@ -183,13 +191,16 @@ class SkipRuledOut(BaseSampler):
         *,
         scope: Scope | None = None,
         seed: int = 0,
+        pool: str = "",
     ) -> None:
         self._base = base
+        self._pool = pool
         self.prior = prior
         self.settings = settings
         self.max_trials = prior.request.tuning.max_trials
         self._scope = scope
         self._rng = random.Random(seed)
+        self._keys = tuple(distributions)  # a proposal is whole once it has every one of them
         self._last: tuple[object, frozenset[TrialConfig]] | None = None
         # Parameters with a single choice are never part of a relative proposal: Optuna fixes
         # them. They still belong to the configuration a proposal stands for.
@@ -217,6 +228,11 @@ class SkipRuledOut(BaseSampler):
         self._last = (ev.state, allowed)
         return allowed
 
+    def proposable(self, study: Study) -> frozenset[TrialConfig]:
+        """The candidates this worker may propose: those of its pool, when it has one."""
+        allowed = self.admissible(study)
+        return frozenset(c for c in allowed if c.gpu == self._pool) if self._pool else allowed
+
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
@@ -242,7 +258,7 @@ class SkipRuledOut(BaseSampler):
                 return {}
         params = self._base.sample_relative(study, trial, search_space)
         full = {**self._fixed, **params}
-        if set(CONFIG_KEYS) <= set(full) and config_of(full) not in self.admissible(study):
+        if set(self._keys) <= set(full) and config_of(full) not in self.proposable(study):
             return {}  # sampled again, parameter by parameter, under the rules
         return params
 
@@ -254,12 +270,12 @@ class SkipRuledOut(BaseSampler):
         param_distribution: BaseDistribution,
     ) -> Any:
         value = self._base.sample_independent(study, trial, param_name, param_distribution)
-        allowed = self.admissible(study)
+        allowed = self.proposable(study)
 
         def extends(v: Any) -> bool:
             partial = {**trial.params, param_name: v}
             return any(
-                all(getattr(c, k) == val for k, val in partial.items() if k in CONFIG_KEYS)
+                all(getattr(c, k) == val for k, val in partial.items() if k in PARAM_KEYS)
                 for c in allowed
             )
 
@@ -318,6 +334,7 @@ def make_sampler(
     scope: Scope | None,
     seed: int,
     planner: PlannerFactory = Planner,
+    pool: str = "",
 ) -> BaseSampler:
     """The study's sampler for `request.tuning.sampler`: `auto`, or Optuna's own wrapped so that
     it proposes candidates only. It is handed to `optuna.create_study`.
@@ -329,10 +346,11 @@ def make_sampler(
             study).
         seed: The sampler's seed.
         planner: `auto`'s planner factory (the benchmark's oracle builds its own).
+        pool: The one GPU pool this worker measures on ("": every pool of the space).
     """
     name = prior.request.tuning.sampler
     if name == "auto":
-        return AutoSampler(prior, settings, seed=seed, scope=scope, planner=planner)
+        return AutoSampler(prior, settings, seed=seed, scope=scope, planner=planner, pool=pool)
     dists = distributions(prior.space)
     base = make_base_sampler(name, dists, seed, settings)
-    return SkipRuledOut(base, prior, settings, dists, scope=scope, seed=seed)
+    return SkipRuledOut(base, prior, settings, dists, scope=scope, seed=seed, pool=pool)

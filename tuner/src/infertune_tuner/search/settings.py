@@ -47,6 +47,11 @@ class SearchSettings:
     joint_at_least: int = 8
     # That pre-filter allows the incumbent's own noise: its bar is lowered by this many sds.
     incumbent_slack_sds: float = 3.0
+    # How much of the model's error two pools of one GPU architecture share (posterior.py's
+    # pool_coordinates; other architectures share none). TensorRT-LLM runs the same kernels on
+    # both, so the efficiency the model misses is largely common; what differs, memory size and
+    # bandwidth, the model reads from the datasheets. Measured: benchmarks/pool_correlation.py.
+    pool_correlation: float = 0.8
     # -- the memory frontier (posterior.py)
     # Needing 15 % more memory than the GPU has is beyond any workspace/reserve error seen.
     wide_margin: float = math.log(1.15)
