@@ -563,16 +563,19 @@ def api_url(api: FakeApiServer) -> str:
     return str(api.url).rstrip("/")
 
 
-async def seed_report(api: FakeApiServer, body: dict[str, Any], tmp_path: Path) -> Report:
-    """A report ConfigMap for this spec's hash, as a finished tuner Job would have left it
-    (replacing the report of an earlier spec, as the next tuner Job would)."""
+async def seed_report(
+    api: FakeApiServer, body: dict[str, Any], tmp_path: Path, settings: Settings = SETTINGS
+) -> Report:
+    """A report ConfigMap for this spec's hash (under the operator's `settings`), as a finished
+    tuner Job would have left it (replacing the report of an earlier spec, as the next tuner
+    Job would)."""
     from infertune_operator.api.to_request import to_request
     from infertune_operator.policy.tuning import tuning_hash, validate
     from infertune_operator.reports.store import report_configmap
     from infertune_tuner.run import tune
 
     name = body["metadata"]["name"]
-    th = tuning_hash(body["spec"], SETTINGS)
+    th = tuning_hash(body["spec"], settings)
     obj, problems = validate(body)
     assert obj is not None, problems
     report = tune(to_request(obj), backend="simulated", out_dir=tmp_path / f"{name}-{th}")

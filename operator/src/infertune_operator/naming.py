@@ -22,6 +22,7 @@ MANAGER = "infertune"
 
 LABEL_DEPLOYMENT = f"{DOMAIN}/deployment"  # on everything we create: the owner's name
 LABEL_HASH = f"{DOMAIN}/tuning-hash"
+LABEL_POOL = f"{DOMAIN}/gpu-pool"  # on a pool's tuner Job: the product it measures
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
@@ -71,6 +72,12 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 def job_name(name: str, tuning_hash: str) -> str:
     """``<name>-tune-<hash8>``: at most 48 + 14 = 62 characters (names are capped at 48)."""
     return f"{name}-tune-{tuning_hash}"
+
+
+def pool_job_name(name: str, tuning_hash: str, index: int) -> str:
+    """The tuner Job of the ``index``-th pool of ``spec.gpu.pools`` (at most 8 pools):
+    ``<name>-tune<i>-<hash8>``, at most 48 + 15 = 63 characters, the job-name label's limit."""
+    return f"{name}-tune{index}-{tuning_hash}"
 
 
 def request_configmap_name(name: str, tuning_hash: str) -> str:

@@ -97,6 +97,14 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.bestMetrics.outputTokensPerSecondPerGpu",
     },
     {"name": "SLO", "type": "boolean", "jsonPath": ".status.bestMetrics.sloMet"},
+    # spec.gpu.pools: the pool it chose and what a million output tokens cost there.
+    {"name": "Pool", "type": "string", "jsonPath": ".status.bestConfig.gpu", "priority": 1},
+    {
+        "name": "$/1M-tok",
+        "type": "number",
+        "jsonPath": ".status.bestMetrics.costPerMillionOutputTokens",
+        "priority": 1,
+    },
     # The load test after rollout: True, False (BelowTuned, SloMissed), Unknown while it runs.
     {
         "name": "Verified",

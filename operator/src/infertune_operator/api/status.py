@@ -34,13 +34,17 @@ class BestConfig(ApiModel):
     max_batch_size: int
     quantization: str
     kv_cache_dtype: str
+    # The GPU pool it serves on, where spec.gpu.pools lists several (None: the one product).
+    gpu: str | None = None
 
     @classmethod
     def of(cls, config: TrialConfig) -> BestConfig:
         return cls(**config.as_dict())
 
     def to_config(self) -> TrialConfig:
-        return TrialConfig(self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype)
+        return TrialConfig(
+            self.tp, self.max_batch_size, self.quantization, self.kv_cache_dtype, self.gpu or ""
+        )
 
 
 # One field per percentile of each latency metric of the registry (ttftP50Ms ... e2eP99Ms).
@@ -52,15 +56,18 @@ class BestMetrics(ApiModel):
 
     output_tokens_per_second_per_gpu: float | None = None
     slo_met: bool | None = None
+    # Where spec.gpu.pools lists several: what a million output tokens cost on the chosen pool
+    # (its price per GPU-hour / its tok/s/GPU).
+    cost_per_million_output_tokens: float | None = None
 
     @classmethod
-    def of(cls, measured: Metrics, *, slo_met: bool) -> BestMetrics:
-        """The status view of a report's metrics."""
+    def of(cls, measured: Metrics, *, slo_met: bool, cost: float | None = None) -> BestMetrics:
+        """The status view of a report's metrics (and the chosen pool's cost per token)."""
         fields: dict[str, Any] = {
             m.column(p): measured.latency(m.key, p) for m in LATENCY_METRICS for p in PERCENTILES
         }
         fields[OBJECTIVE.status_field] = OBJECTIVE.of(measured)
-        return cls(**fields, slo_met=slo_met)
+        return cls(**fields, slo_met=slo_met, cost_per_million_output_tokens=cost)
 
 
 class TrialCounts(ApiModel):

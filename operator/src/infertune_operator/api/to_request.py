@@ -50,9 +50,10 @@ def to_request(
             # One pool in gpu.pools is gpu.product: same request, same study.
             pools=[
                 GpuPool(
-                    product=p.product, price_per_gpu_hour=p.price_per_gpu_hour,
+                    product=p.product,
+                    price_per_gpu_hour=p.price_per_gpu_hour,
                     max_gpus_per_replica=p.max_gpus_per_replica,
-                )  # fmt: skip
+                )
                 for p in s.gpu.pools or []
             ]
             if len(s.gpu.products) > 1

@@ -204,6 +204,11 @@ class Toleration(ApiModel):
     toleration_seconds: int | None = None
 
 
+# A tuner Job per pool, named <name>-tune<i>-<hash>: one digit keeps it within the job-name
+# label's 63 characters (naming.pool_job_name).
+MAX_POOLS = 8
+
+
 class GpuPoolSpec(ApiModel):
     """One GPU pool the tuning may choose: its product, what its GPU-hour costs, and how its
     nodes are selected (its tuner Job and, if it wins, the serving pods land there)."""
@@ -233,7 +238,7 @@ class GpuSpec(ApiModel):
         "`pools` to let the tuning choose the cheapest per output token.",
     )  # fmt: skip
     pools: list[GpuPoolSpec] | None = Field(
-        default=None, min_length=1,
+        default=None, min_length=1, max_length=MAX_POOLS,
         description="GPU pools to tune across, each with its price per GPU-hour: the tuning "
         "deploys on the one that serves a million output tokens for the least within the SLO.",
     )  # fmt: skip

@@ -241,41 +241,59 @@ def _tuning(
     replaced (see :func:`_create_owned`).
     """
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    job_name = naming.job_name(name, th)
-    job = None if new else ctx.kube.get(JOBS, namespace, job_name)
-    if job is not None and naming.owner_uid(job) != body["metadata"].get("uid"):
-        job = None  # an earlier object's: never adopted
-    created = job is None
-    if job is None:
+    wanted = tuner_job.tuner_jobs(obj, body, th, ctx.settings)  # one, or one per GPU pool
+    names = [j["metadata"]["name"] for j in wanted]
+    found: dict[str, Body] = {}
+    for job_name in [] if new else names:
+        job = ctx.kube.get(JOBS, namespace, job_name)
+        if job is not None and naming.owner_uid(job) == body["metadata"].get("uid"):
+            found[job_name] = job  # an earlier object's is never adopted
+    created = set(names) - set(found)
+    if created:
         try:
-            job, fresh = _start_tuning(ctx, obj, body, th)
+            started = _start_tuning(ctx, obj, body, th, [j for j in wanted if j["metadata"]["name"]
+                                                          in created])  # fmt: skip
         except (creates.NotOurs, ClientError) as exc:
             if (why := creates.refused(exc)) is None:
                 raise
             return tuning_rejected(why)  # refused: say why, do not retry
-        if new and not fresh:  # 409: it existed after all (an earlier operator made it)
+        if new and not all(fresh for _, fresh in started):  # 409: an earlier operator made it
             raise _NotNew
-        if fresh:  # once per tuning: what will probably fail, before GPU time is spent on it
+        found.update((job["metadata"]["name"], job) for job, _ in started)
+        if any(fresh for _, fresh in started) and not found.keys() - created:
+            # once per tuning: what will probably fail, before GPU time is spent on it
             for advisory in advisories(
                 obj, default_backend=ctx.settings.default_backend,
                 model_storage_pvc=ctx.settings.model_storage_pvc,
             ):  # fmt: skip
                 ctx.post_event(body, conditions.Event("Warning", advisory.reason, advisory.message))
-    outcome = tuner_outcome.job_outcome(job)
-    if outcome.state == "pending":
-        detail = None
-        if not created:  # a Job just created has no pods to ask about yet
-            pods = ctx.kube.list(PODS, namespace, {"job-name": job_name})
-            detail = tuner_outcome.pod_waiting_reason(pods)
-        return tuning_pending(job_name, detail, body.get("status"))
-    if outcome.state == "running":
-        return tuning_started(job_name, body.get("status"))
-    if outcome.state == "succeeded":
+    outcomes = {n: tuner_outcome.job_outcome(found[n]) for n in names}
+    failed = [n for n in names if outcomes[n].state == "failed"]
+    if failed:  # one pool's Job failed: its trials cannot run, the study cannot finish
+        return _job_failed(ctx, namespace, found[failed[0]], outcomes[failed[0]])
+    if all(o.state == "succeeded" for o in outcomes.values()):
         cm = naming.report_configmap_name(name)
+        jobs = f"Job {names[0]}" if len(names) == 1 else f"Jobs {', '.join(names)}"
         return tuning_job_failed(
-            f"tuner Job {job_name} succeeded but left no report for tuning {th} in ConfigMap "
-            f"{cm} ({no_report}). See `kubectl logs job/{job_name}`; delete the Job to retry."
+            f"tuner {jobs} succeeded but left no report for tuning {th} in ConfigMap "
+            f"{cm} ({no_report}). See `kubectl logs job/{names[0]}`; delete the Job to retry."
         )
+    waiting = [n for n in names if outcomes[n].state == "pending"]
+    if waiting and not any(o.state == "running" for o in outcomes.values()):
+        detail = None
+        if waiting[0] not in created:  # a Job just created has no pods to ask about yet
+            pods = ctx.kube.list(PODS, namespace, {"job-name": waiting[0]})
+            detail = tuner_outcome.pod_waiting_reason(pods)
+        return tuning_pending(waiting, detail, body.get("status"))
+    running = [n for n in names if outcomes[n].state == "running"]
+    return tuning_started(running, body.get("status"))
+
+
+def _job_failed(
+    ctx: Context, namespace: str, job: Body, outcome: tuner_outcome.JobOutcome
+) -> conditions.Transition:
+    """A failed tuner Job, said with what its pod left: the reason, the log's tail."""
+    job_name = job["metadata"]["name"]
     pods = ctx.kube.list(PODS, namespace, {"job-name": job_name})
     failure = tuner_outcome.pod_failure(pods)
     logs = ""
@@ -291,18 +309,23 @@ def _tuning(
     return tuning_job_failed(message)
 
 
-def _start_tuning(ctx: Context, obj: InferenceDeployment, body: Body, th: str) -> tuple[Body, bool]:
-    """Create the request ConfigMap and the tuner Job: (the Job, whether it is new)."""
+def _start_tuning(
+    ctx: Context, obj: InferenceDeployment, body: Body, th: str, jobs: list[Body]
+) -> list[tuple[Body, bool]]:
+    """Create the request ConfigMap and the tuner Jobs `jobs`: each (the Job, whether new)."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     creates.ensure_tuner_rbac(ctx, namespace)
     creates.create_owned(ctx, tuner_job.request_configmap(obj, body, th, ctx.settings), body)
-    job, created = creates.create_owned(ctx, tuner_job.tuner_job(obj, body, th, ctx.settings), body)
-    logger.info("%s/%s: tuner Job %s %s", namespace, name, job["metadata"]["name"],
-                "created" if created else "adopted")  # fmt: skip
+    out = []
+    for wanted in jobs:
+        job, created = creates.create_owned(ctx, wanted, body)
+        logger.info("%s/%s: tuner Job %s %s", namespace, name, job["metadata"]["name"],
+                    "created" if created else "adopted")  # fmt: skip
+        out.append((job, created))
     previous = (body.get("status") or {}).get("tuningHash")
     if previous and previous != th:  # a first tuning has nothing to supersede
         _delete_superseded(ctx, namespace, name, th)
-    return job, created
+    return out
 
 
 def _delete_superseded(ctx: Context, namespace: str, name: str, th: str) -> None:

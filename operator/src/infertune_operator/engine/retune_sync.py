@@ -141,7 +141,9 @@ def _decided(rs: RetuneStatus, v: retune.Verdict, report: Any, ctx: Context) -> 
     }  # fmt: skip
     if v.decision == "RolledOut" and v.best is not None and report.best is not None:
         best_config = BestConfig.of(v.best)
-        best_metrics = BestMetrics.of(report.best.metrics, slo_met=True)
+        best_metrics = BestMetrics.of(
+            report.best.metrics, slo_met=True, cost=report.best.cost_per_million_output_tokens
+        )
         update.update(best_config=best_config, best_metrics=best_metrics)
         done = rs.model_copy(update=update)
         event = conditions.Event("Normal", "RetuneRolledOut", f"rolling out {v.message}")

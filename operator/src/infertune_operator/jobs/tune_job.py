@@ -45,7 +45,7 @@ def tune_job(
     from infertune_operator import naming
     from infertune_operator.kube.client import connect
     from infertune_operator.kube.errors import KubeError
-    from infertune_operator.objects.tuner_workers import worker_request
+    from infertune_operator.objects.tuner_workers import POOL_ENV, worker_request
     from infertune_operator.reports.owner import WriteAction
     from infertune_operator.reports.writer import write_report
     from infertune_tuner.cli.support import exit_on_sigterm
@@ -69,7 +69,10 @@ def tune_job(
     kube = connect()
     run_req, gpus = worker_request(req, os.environ)
     with tempfile.TemporaryDirectory(prefix="infertune-tune-") as tmp:
-        report = tune(run_req, backend=run_req.tuning.backend, out_dir=Path(tmp), gpus=gpus)
+        report = tune(
+            run_req, backend=run_req.tuning.backend, out_dir=Path(tmp), gpus=gpus,
+            pool=os.environ.get(POOL_ENV) or None,  # a pool's tuner Job: its pool's trials only
+        )  # fmt: skip
     if report is None:  # one worker of a parallel tuning: the last one writes the report
         typer.echo(f"{req.name}: worker done; the last worker writes the report")
         return

@@ -41,6 +41,7 @@ from infertune_operator.objects.pods import (
     token_env,
 )
 from infertune_operator.settings import Settings
+from infertune_tuner import pools
 from infertune_tuner.catalog.gpus import get_gpu
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
@@ -109,6 +110,8 @@ def render_serving(
     for product in spec.gpu.products:
         get_gpu(product)  # an unknown GPU is an InputError, simulated or not
     request = serving_request(obj, settings)
+    if config.gpu:  # the pool the tuning chose among spec.gpu.pools: served there
+        request = pools.single(request, config.gpu)
     if runtime.name == "simulated":
         request.resolve_model()  # the simulated server must know the model's shape
     try:
@@ -144,7 +147,7 @@ def render_serving(
         mounts += [*m, {"name": "model-repo", "mountPath": REPO_DIR}]
         env += [*e, *token_env(obj)]
     if shape.gpus:
-        pod.update(gpu_placement(obj))
+        pod.update(gpu_placement(obj, config.gpu or None))
     pod_security, container_security = security(shape.runs_as_root)
     overrides = spec.serving.resources.model_dump() if spec.serving.resources else None
     container: dict[str, Any] = {

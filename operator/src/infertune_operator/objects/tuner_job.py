@@ -24,15 +24,18 @@ from infertune_operator.naming import (
     LABEL_COMPONENT,
     LABEL_HASH,
     LABEL_MANAGED_BY,
+    LABEL_POOL,
     MANAGER,
     TUNER_JOB_UID_ENV,
     Body,
     common_labels,
     job_name,
     owner_reference,
+    pool_job_name,
     report_configmap_name,
     request_configmap_name,
 )
+from infertune_operator.objects import tuner_workers
 from infertune_operator.objects.pods import (
     gpu_placement,
     model_storage,
@@ -42,8 +45,14 @@ from infertune_operator.objects.pods import (
     token_env,
 )
 from infertune_operator.objects.tuner_deadline import job_deadline
-from infertune_operator.objects.tuner_workers import WORKER_GPUS_ENV, make_indexed, storage_env
+from infertune_operator.objects.tuner_workers import (
+    POOL_ENV,
+    WORKER_GPUS_ENV,
+    make_indexed,
+    storage_env,
+)
 from infertune_operator.settings import Settings
+from infertune_tuner import pools
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest
 from infertune_tuner.runtime import Ports, TritonRuntime
@@ -61,10 +70,12 @@ SIMULATED_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits":
 # ------------------------------------------------------------------ the Job and its inputs
 
 
-def tuner_gpus(obj: InferenceDeployment) -> int:
+def tuner_gpus(obj: InferenceDeployment, product: str | None = None) -> int:
     """The GPUs the tuner pod asks for: the largest TP in the search space that fits one node
-    (<= maxGpusPerReplica), so every configuration of the space can run in it."""
-    cap = obj.spec.gpu.max_gpus_per_replica
+    (<= maxGpusPerReplica, the pool's own where it sets one), so every configuration of the
+    space can run in it."""
+    pool = obj.spec.gpu.pool(product)
+    cap = pool.max_gpus_per_replica or obj.spec.gpu.max_gpus_per_replica
     fitting = [int(tp) for tp in obj.spec.search.tensor_parallel if tp <= cap]
     return max(fitting) if fitting else 1
 
@@ -137,8 +148,22 @@ def job_uid_env() -> Body:
     return {"name": TUNER_JOB_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": field}}}
 
 
-def tuner_job(
+def tuner_jobs(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
+) -> list[Body]:
+    """The Jobs that tune one spec: one, or one per GPU pool (``tuner_workers.pool_jobs``),
+    each on its pool's nodes and a worker of the one study."""
+    if not tuner_workers.pool_jobs(obj, settings):
+        return [tuner_job(obj, body, th, settings)]
+    return [tuner_job(obj, body, th, settings, pool=i) for i in range(len(obj.spec.gpu.products))]
+
+
+def tuner_job(
+    obj: InferenceDeployment,
+    body: Mapping[str, Any],
+    th: str,
+    settings: Settings,
+    pool: int | None = None,
 ) -> Body:
     """The Job that tunes one spec: ``infertune tune-job`` on the request ConfigMap.
 
@@ -147,6 +172,8 @@ def tuner_job(
         body: The object as stored (name, namespace, uid).
         th: The tuning hash (names the Job, labels everything it makes).
         settings: Images, service account, backoff limit, default backend.
+        pool: The index of the GPU pool (spec.gpu.pools) this Job measures on: the Job is
+            named for it, lands on its nodes and holds its GPUs (None: the spec's one pool).
 
     Returns:
         The Job. Real trials run on the tuner image with :func:`tuner_gpus` GPUs on the GPU
@@ -159,13 +186,18 @@ def tuner_job(
         packing trials into its GPUs.
     """
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    meta = _tuning_metadata(body, job_name(name, th), COMPONENT_TUNER, th)
+    product = obj.spec.gpu.products[pool] if pool is not None else None
+    own_name = job_name(name, th) if pool is None else pool_job_name(name, th, pool)
+    meta = _tuning_metadata(body, own_name, COMPONENT_TUNER, th)
     container: Body = {
         "name": TUNER_CONTAINER,
         "command": tune_job_command(name, namespace, body["metadata"]["uid"], th),
         "volumeMounts": [{"name": "request", "mountPath": CONFIG_MOUNT, "readOnly": True}],
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, job_uid_env()],
     }
+    if product is not None:
+        meta["labels"][LABEL_POOL] = product
+        container["env"].append({"name": POOL_ENV, "value": product})
     pod: Body = {
         "serviceAccountName": settings.tuner_service_account,
         "restartPolicy": "Never",
@@ -183,7 +215,10 @@ def tuner_job(
         container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
     else:
         request = tuning_request(obj, settings)
-        largest = TrialConfig(tuner_gpus(obj), max(request.search.max_batch_size), "bf16", "auto")
+        if product is not None:
+            request = pools.single(request, product)
+        gpus = tuner_gpus(obj, product)
+        largest = TrialConfig(gpus, max(request.search.max_batch_size), "bf16", "auto")
         shape = TritonRuntime().pod(request, largest, Ports())
         uris = trial_weights(request)
         claim = obj.spec.tuning.model_cache_claim or settings.model_storage_pvc
@@ -201,11 +236,11 @@ def tuner_job(
             *({"name": k, "value": v} for k, v in shape.env.items()),  # trial servers inherit it
             *env,
             *token_env(obj),
-            {"name": WORKER_GPUS_ENV, "value": str(tuner_gpus(obj))},
+            {"name": WORKER_GPUS_ENV, "value": str(gpus)},
         ]
         container["volumeMounts"] += [*mounts, shm_mount]
         pod["volumes"] += [*volumes, shm]
-        pod.update(gpu_placement(obj))
+        pod.update(gpu_placement(obj, product))
         pod["securityContext"], container["securityContext"] = security(shape.runs_as_root)
     spec: Body = {
         "backoffLimit": settings.job_backoff_limit,

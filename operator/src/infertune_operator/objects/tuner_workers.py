@@ -30,6 +30,7 @@ from infertune_tuner.request import TuningRequest
 Body = dict[str, Any]
 STORAGE_ENV = "INFERTUNE_TUNER_STORAGE"
 WORKER_GPUS_ENV = "INFERTUNE_WORKER_GPUS"
+POOL_ENV = "INFERTUNE_POOL"  # the one GPU pool a pool's tuner Job measures on
 
 
 def storage_env(obj: InferenceDeployment, settings: Settings) -> Body | None:
@@ -51,17 +52,35 @@ def storage_env(obj: InferenceDeployment, settings: Settings) -> Body | None:
     return None
 
 
+def pool_jobs(obj: InferenceDeployment, settings: Settings) -> bool:
+    """Whether this spec tunes with a Job per GPU pool: several pools measured on real GPUs
+    (each pool's trials run on its own nodes). A simulated tuning simulates every pool in one
+    Job."""
+    return len(obj.spec.gpu.products) > 1 and not settings.simulated(obj)
+
+
 def parallel_problem(obj: InferenceDeployment, settings: Settings) -> str | None:
-    """Why this spec cannot tune in parallel (None when it can, or does not ask to)."""
-    n = obj.spec.tuning.parallelism
-    if n <= 1 or storage_env(obj, settings) is not None:
+    """Why this spec cannot tune in parallel (None when it can, or does not ask to): several
+    workers (spec.tuning.parallelism, or a tuner Job per GPU pool) share one study, which
+    lives in a database."""
+    if storage_env(obj, settings) is not None:
         return None
-    return (
-        f"spec.tuning.parallelism: {n} workers must share one study in a database, and none is "
-        "configured: set spec.tuning.storageSecretRef (a Secret holding a postgresql:// URL) "
-        "or spec.tuning.storage, give the operator a default storage (Helm value "
-        "tuner.storage), or set parallelism to 1"
+    fix = (
+        "set spec.tuning.storageSecretRef (a Secret holding a postgresql:// URL) or "
+        "spec.tuning.storage, or give the operator a default storage (Helm value tuner.storage)"
     )
+    n = obj.spec.tuning.parallelism
+    if n > 1:
+        return (
+            f"spec.tuning.parallelism: {n} workers must share one study in a database, and none "
+            f"is configured: {fix}, or set parallelism to 1"
+        )
+    if pool_jobs(obj, settings):
+        return (
+            f"spec.gpu.pools: {len(obj.spec.gpu.products)} pools tune as one study, a tuner Job "
+            f"on each pool's nodes, and the study lives in a database: none is configured: {fix}"
+        )
+    return None
 
 
 def make_indexed(job_spec: Body, workers: int, backoff_limit: int) -> None:

@@ -46,6 +46,7 @@ from infertune_operator.objects.tuner_job import (
 )
 from infertune_operator.policy import noise
 from infertune_operator.settings import Settings
+from infertune_tuner import pools
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import TuningRequest, WorkloadShape
 from infertune_tuner.result import Report
@@ -77,7 +78,9 @@ def retune_objects(
     settings: Settings,
 ) -> tuple[Body, Body]:
     """(request ConfigMap, Job) of the retune: the tuner Job of the tuning, renamed, with the
-    observed workload in its request, writing ``<name>-retune-report``."""
+    observed workload in its request, writing ``<name>-retune-report``. With several GPU pools
+    the retune tunes the pool that serves (on its nodes): the workload moved, not the prices,
+    and one Job of one pool needs no shared study."""
     name = body["metadata"]["name"]
     rhash = retune_hash(th, w)
     job_name, cm_name = retune_job_name(name, rhash), retune_request_name(name, rhash)
@@ -86,7 +89,13 @@ def retune_objects(
         update={"tuning": request.tuning.model_copy(update={"storage": None})}
     )
     cm = request_configmap(obj, body, th, settings)
-    job = tuner_job(obj, body, th, settings)
+    products = obj.spec.gpu.products
+    pool = None
+    if len(products) > 1:
+        serving = (((body.get("status") or {}).get("bestConfig")) or {}).get("gpu")
+        pool = products.index(serving) if serving in products else 0
+        request = pools.single(request, products[pool])
+    job = tuner_job(obj, body, th, settings, pool=pool)
     for o, new_name in ((cm, cm_name), (job, job_name)):
         meta = o["metadata"]
         meta["name"] = new_name

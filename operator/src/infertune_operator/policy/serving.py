@@ -68,7 +68,9 @@ def tuned_status(
     slo_met = bool(trial.slo_ok) if trial is not None and trial.slo_ok is not None else True
     return InferenceDeploymentStatus(
         best_config=BestConfig.of(best.config.to_config()),
-        best_metrics=BestMetrics.of(best.metrics, slo_met=slo_met),
+        best_metrics=BestMetrics.of(
+            best.metrics, slo_met=slo_met, cost=best.cost_per_million_output_tokens
+        ),
         trials=trial_counts(report, total),
         report_config_map=report_cm,
     )

@@ -172,25 +172,33 @@ def _tuning_transition(
 
 
 def tuning_pending(
-    job: str, detail: str | None, old_status: Mapping[str, Any] | None
+    job: str | list[str], detail: str | None, old_status: Mapping[str, Any] | None
 ) -> Transition:
     """The tuner Job exists; its pod does not run yet.
 
     Args:
-        job: The tuner Job's name.
+        job: The tuner Job's name (the names of those waiting: a Job per GPU pool).
         detail: Why the pod waits, when Kubernetes says (unschedulable, image pull).
         old_status: The object's status (a configuration already serving keeps serving).
 
     Returns:
         Pending, Tuned=False/TuningPending.
     """
-    message = f"tuning: tuner Job {job} is waiting for its pod" + (f" ({detail})" if detail else "")
+    jobs = [job] if isinstance(job, str) else job
+    if len(jobs) == 1:
+        message = f"tuning: tuner Job {jobs[0]} is waiting for its pod"
+    else:
+        message = f"tuning: tuner Jobs {', '.join(jobs)} are waiting for their pods"
+    message += f" ({detail})" if detail else ""
     return _tuning_transition("Pending", TUNING_PENDING, message, old_status)
 
 
-def tuning_started(job: str, old_status: Mapping[str, Any] | None) -> Transition:
-    """The tuner pod runs: Tuning, Tuned=False/TuningStarted."""
-    message = f"tuning: tuner Job {job} is running"
+def tuning_started(job: str | list[str], old_status: Mapping[str, Any] | None) -> Transition:
+    """The tuner pod runs (of a Job per GPU pool: one or more): Tuning, Tuned=False/
+    TuningStarted."""
+    jobs = [job] if isinstance(job, str) else job
+    running = "is running" if len(jobs) == 1 else "are running"
+    message = f"tuning: tuner Job{'s' * (len(jobs) > 1)} {', '.join(jobs)} {running}"
     return _tuning_transition("Tuning", TUNING_STARTED, message, old_status)
 
 
