@@ -69,10 +69,13 @@ RULED_OUT = 1.5  # predicted cheapest cost this many times the best pool's: the 
 LOSES = 0.10  # ... and its true cheapest is this much above the cheapest: it truly loses
 NEAR = 0.02  # within 2 % of the cheapest cost; a bound met within 2 %
 B = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
-# Illustrative on-demand prices per GPU-hour (USD): the ratio between two pools is what matters.
+# USD per GPU-hour: Lambda's on-demand list (https://lambda.ai/instances, 8x instances; GH200 1x)
+# as transcribed 2026-09-20 in api-evangelist/lambda-labs plans/lambda-labs-plans-pricing.yml.
+# H200, L40S and L4 are not on it: H200 = B200 / 1.6 (the ratio of NVIDIA's Llama-3.1-70B
+# example), L40S and L4 illustrative. A price's ratio to the other pool's is what matters.
 PRICE = {
-    "A100-SXM-40GB": 1.99, "A100-SXM-80GB": 2.49, "H100-SXM-80GB": 3.99, "H200-SXM-141GB": 4.99,
-    "B200-SXM-192GB": 7.99, "L40S-48GB": 1.49, "L4-24GB": 0.79, "GH200-96GB": 2.29,
+    "A100-SXM-40GB": 1.99, "A100-SXM-80GB": 2.79, "H100-SXM-80GB": 3.99, "H200-SXM-141GB": 4.18,
+    "B200-SXM-192GB": 6.69, "GH200-96GB": 2.29, "L40S-48GB": 1.49, "L4-24GB": 0.79,
 }  # fmt: skip
 # name, model, pools, max gpus, isl, osl, slo, tp, batches, quants, kvs, accuracy allowance
 SCENARIOS = [
