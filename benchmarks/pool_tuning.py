@@ -26,6 +26,7 @@ model writes off that truly wins or comes close is counted apart (`misjudged`): 
 are the search correcting the model.
 
     python benchmarks/pool_tuning.py [--seeds 20] [--jobs 2] [--worlds real,simulated]
+        [--pool-correlation RHO] [--verbose]
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
 from infertune_tuner.request import GpuPool, GpuRef, TuningRequest
 from infertune_tuner.run import prior_predictions, tune
+from infertune_tuner.search.settings import SearchSettings
 from infertune_tuner.space import search_space
 
 POOL_WORLDS = HERE / "pool-worlds"
@@ -158,7 +160,7 @@ def _meets(req: TuningRequest, m: Measurement, slack: float) -> bool:
     return max(slo_check.constraint_values(slo_check.check(req, m)), default=0.0) <= slack
 
 
-def run_case(case: Case) -> Outcome:
+def run_case(case: Case, correlation: float | None = None) -> Outcome:
     logging.disable(logging.WARNING)
     req = _request(case)
     inner = _backend(case, req)
@@ -186,8 +188,11 @@ def run_case(case: Case) -> Outcome:
                    if by_pool.get(p, float("inf")) >= RULED_OUT * best_predicted]  # fmt: skip
     ruled_out = [p for p in written_off
                  if true_by_pool.get(p, float("inf")) > (1 + LOSES) * feasible[cheapest]]  # fmt: skip
+    settings = (
+        SearchSettings() if correlation is None else SearchSettings(pool_correlation=correlation)
+    )
     with tempfile.TemporaryDirectory() as out:
-        report = tune(req, backend=PerPool(inner), out_dir=Path(out))
+        report = tune(req, backend=PerPool(inner), out_dir=Path(out), settings=settings)
     assert report is not None
     executed = [t for t in report.trials if t.executed]
     spent = [sum(1 for t in executed if t.config.gpu == p) for p in ruled_out]
@@ -240,12 +245,18 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--worlds", default="real,simulated")
+    ap.add_argument(
+        "--pool-correlation",
+        type=float,
+        default=None,
+        help="SearchSettings.pool_correlation (default: the shipped one)",
+    )
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     todo = cases(args.worlds.split(","), args.seeds)
     started = time.monotonic()
     with ProcessPoolExecutor(args.jobs) as ex:
-        outs = list(ex.map(run_case, todo))
+        outs = list(ex.map(run_case, todo, [args.pool_correlation] * len(todo)))
     for o in outs:
         if args.verbose or not o.right:
             print(f"  {'ok  ' if o.right else 'MISS'} {o.case.kind} {o.case.name} seed "

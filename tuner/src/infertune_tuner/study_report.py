@@ -368,7 +368,7 @@ def pool_outcomes(
         product, price = pool.product, pool.price_per_gpu_hour or 0.0
         runs = sum(1 for e in executed if e.config.gpu == product)
         mine = [c for c in known.feasible if c.gpu == product]
-        top = max(mine, key=lambda c: (known.value(c, known.feasible[c]), -c.tp, c), default=None)
+        top = max(mine, key=lambda c: (known.values[c], -c.tp, c), default=None)
         untried = [
             float(a.p_beat[i]) for c in a.candidates if c.gpu == product
             if (i := a.index.get(c)) is not None

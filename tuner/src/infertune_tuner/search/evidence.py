@@ -393,6 +393,8 @@ class Evidence:
     feasible: dict[TrialConfig, Measurement] = field(init=False)
     # Per configuration run, what its tok/s/GPU is worth (pools.worth: 1 on one pool).
     worth: dict[TrialConfig, float] = field(init=False)
+    # Per measured configuration, the objective of its typical run: tok/s/GPU x worth.
+    values: dict[TrialConfig, float] = field(init=False)
     # The highest objective: mean tok/s/GPU x worth (ties: fewer GPUs).
     best: TrialConfig | None = field(init=False)
     best_tps: float = field(init=False)
@@ -420,8 +422,8 @@ class Evidence:
             if m.status == "ok" and checks.get(c) and all(ch.ok for ch in checks[c])
         }
         worth = {c: pools.worth(request, c) for c in self.runs}
-        value = {c: (m.output_tokens_per_s_per_gpu or 0.0) * worth[c] for c, m in feasible.items()}
-        best = max(feasible, key=lambda c: (value[c], -c.tp, c)) if feasible else None
+        values = {c: (m.output_tokens_per_s_per_gpu or 0.0) * worth[c] for c, m in measured.items()}
+        best = max(feasible, key=lambda c: (values[c], -c.tp, c)) if feasible else None
         counts = {c: len(ms) for c, ms in kept.items() if ms}
         put(self, "measured", measured)
         put(self, "failures", failures)
@@ -434,14 +436,11 @@ class Evidence:
         put(self, "room", room)
         put(self, "feasible", feasible)
         put(self, "worth", worth)
+        put(self, "values", values)
         put(self, "best", best)
         # The best's objective: its tok/s/GPU, x its pool's worth where there are several.
-        put(self, "best_tps", value[best] if best else 0.0)
+        put(self, "best_tps", values[best] if best else 0.0)
         put(self, "state", (frozenset(counts.items()), self.in_flight, self.executed))
-
-    def value(self, cfg: TrialConfig, m: Measurement) -> float:
-        """The objective of `cfg`'s measurement `m`: its tok/s/GPU x its pool's worth."""
-        return (m.output_tokens_per_s_per_gpu or 0.0) * self.worth.get(cfg, 1.0)
 
 
 # ------------------------------------------------------------------ valid measurements

@@ -111,9 +111,9 @@ def could_win(
         need = math.log(best_tps * (1 + improvement))
         tps = errors.get(TPS, {})
         shift = tps.get(best, 0.0) + model_error(tps, floor)
-        if math.log(prior.value(cfg, prior.tps[cfg])) + shift <= need:
+        if math.log(prior.objective[cfg]) + shift <= need:
             return False
-        if prior.value(cfg, prior.decode_bound[cfg]) <= best_tps * (1 + improvement):
+        if prior.decode_bound[cfg] * prior.worth[cfg] <= best_tps * (1 + improvement):
             return False
     for b in prior.bounds:
         seen = errors.get(b.key, {})
@@ -160,7 +160,7 @@ def gaps(a: Assessment, prior: Prior, settings: SearchSettings) -> list[Gap]:
         ]  # fmt: skip
         if not contenders:
             continue
-        target = max(contenders, key=lambda c: (prior.value(c, prior.tps[c]), c))
+        target = max(contenders, key=lambda c: (prior.objective[c], c))
         near = any(
             s in Structure.of(m, prior)
             and abs(math.log(m.max_batch_size / target.max_batch_size)) <= near_log + 1e-9
@@ -169,9 +169,7 @@ def gaps(a: Assessment, prior: Prior, settings: SearchSettings) -> list[Gap]:
         )
         if target not in valid and not near:
             out.append(Gap(s, target))
-    return sorted(
-        out, key=lambda g: (prior.value(g.target, prior.tps[g.target]), g.target), reverse=True
-    )
+    return sorted(out, key=lambda g: (prior.objective[g.target], g.target), reverse=True)
 
 
 # ------------------------------------------------------------------ confirmations
@@ -197,13 +195,13 @@ def confirmations(
     best_tps = ev.best_tps  # the objective: tok/s/GPU (x its pool's worth: pools.py)
     runs = ev.counts
     out = [best] if runs.get(best, 0) < 2 and best not in ev.in_flight else []
-    for cfg, m in ev.feasible.items():
+    for cfg in ev.feasible:
         if cfg == best or runs.get(cfg, 0) >= 2 or cfg in ev.in_flight:
             continue
         if cfg in rivals:
             out.append(cfg)
             continue
-        if ev.value(cfg, m) * (1 + settings.improvement) < best_tps:
+        if ev.values[cfg] * (1 + settings.improvement) < best_tps:
             continue
         if ev.room[cfg] < settings.confirm_margin:
             out.append(cfg)
@@ -222,7 +220,7 @@ def straddlers(ev: Evidence, best_tps: float, settings: SearchSettings) -> list[
     for cfg, meets in ev.runs_meet.items():
         if len(meets) != 2 or None in meets or cfg in ev.in_flight:
             continue
-        if ev.value(cfg, ev.measured[cfg]) * (1 + settings.improvement) < best_tps:
+        if ev.values[cfg] * (1 + settings.improvement) < best_tps:
             continue
         if len(set(meets)) == 2:
             out.append(cfg)

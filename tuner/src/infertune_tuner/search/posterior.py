@@ -201,10 +201,8 @@ class Prior:
     particles: Mapping[QuantityKey, tuple[Hyper, ...]]  # hyperparameter settings per quantity
     # What a tok/s/GPU of it is worth (pools.worth): the objective is tok/s/GPU x worth.
     worth: Mapping[TrialConfig, float]
-
-    def value(self, cfg: TrialConfig, tps: float) -> float:
-        """The objective of `cfg` at `tps` tok/s/GPU (tps itself on one pool)."""
-        return tps * self.worth.get(cfg, 1.0)
+    # The predicted objective: predicted tok/s/GPU x worth (the tok/s/GPU itself on one pool).
+    objective: Mapping[TrialConfig, float]
 
     @classmethod
     def build(
@@ -217,6 +215,7 @@ class Prior:
         model = request.resolve_model()
         configs = space.configs
         gpu = {c: pools.gpu_of(request, c) for c in configs}
+        worth = {c: pools.worth(request, c) for c in configs}
         margin = {c: memory_margin(predictions[c], gpu[c].memory_gib) for c in configs}
         coords = pool_coordinates(
             [get_gpu(p) for p in space.gpus], settings.pool_correlation
@@ -246,7 +245,8 @@ class Prior:
             features=feats,
             structure={c: (str(c.tp), twins(c.quantization), c.gpu) for c in configs},
             decode_bound={c: decode_bound(model, gpu[c], c) for c in configs},
-            worth={c: pools.worth(request, c) for c in configs},
+            worth=worth,
+            objective={c: predictions[c].output_tokens_per_s_per_gpu * worth[c] for c in configs},
             bounds=bounds,
             particles={k: hp.of(k.metric).particles(settings.particles) for k in keys},
         )
@@ -1082,7 +1082,7 @@ def assess(
         p_success=p_success,
         p_fit=p_fit,
         gain=g,
-        estimate=np.array([prior.value(c, prior.tps[c]) for c in full])
+        estimate=np.array([prior.objective[c] for c in full])
         * np.exp(post.tps.marginal(post.x(full))[0]),
         p_any=p_any,
         p_untried=float(beats[:, :untested].any(axis=1).mean()) if untested else 0.0,

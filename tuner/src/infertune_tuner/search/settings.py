@@ -48,9 +48,12 @@ class SearchSettings:
     # That pre-filter allows the incumbent's own noise: its bar is lowered by this many sds.
     incumbent_slack_sds: float = 3.0
     # How much of the model's error two pools of one GPU architecture share (posterior.py's
-    # pool_coordinates; other architectures share none). TensorRT-LLM runs the same kernels on
-    # both, so the efficiency the model misses is largely common; what differs, memory size and
-    # bandwidth, the model reads from the datasheets. Measured: benchmarks/pool_correlation.py.
+    # pool_coordinates; other architectures share none). A judgement, not a fit: TensorRT-LLM
+    # runs the same kernels on both (H100 and H200, B200 and B300), so the efficiency the model
+    # misses is largely common; what differs, memory size and bandwidth, the model reads from
+    # the datasheets. No data set here pairs two products of one architecture outside the
+    # held-out H200 rows. What it costs when wrong: benchmarks/pool_tuning.py
+    # --pool-correlation (its simulated pools draw every pool's error independently).
     pool_correlation: float = 0.8
     # -- the memory frontier (posterior.py)
     # Needing 15 % more memory than the GPU has is beyond any workspace/reserve error seen.
