@@ -196,3 +196,15 @@ def test_a_measurement_informs_pools_of_its_architecture_and_not_others() -> Non
     assert mean[1] > 0.5 * np.log(2)  # the measured one: most of the way to log 2
     assert mean[2] > 0.5 * mean[1]  # H200 shares most of it (pool_correlation 0.8)
     assert mean[0] == pytest.approx(before[0], abs=1e-9)  # A100 shares none
+
+
+def test_render_serves_a_configuration_on_the_pool_it_names(cli: CliRunner) -> None:
+    config = "tp=4,max_batch_size=192,quantization=fp8,kv_cache_dtype=fp8"
+    served = cli.invoke(app, ["render", str(EXAMPLE), "--config", f"{config},gpu={H100}"])
+    assert served.exit_code == 0, served.output
+    deployment = next(d for d in yaml.safe_load_all(served.stdout) if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "gpu-8x-h100-sxm"}
+    other = cli.invoke(app, ["render", str(EXAMPLE), "--config", f"{config},gpu=B200-SXM-192GB"])
+    assert other.exit_code == 2
+    assert "not a pool of this spec (A100-SXM-80GB, H100-SXM-80GB)" in other.stderr

@@ -27,7 +27,9 @@ from infertune_tuner.cli.commands import mount
 from infertune_tuner.cli.support import Group, command
 from infertune_tuner.config import (
     CONFIG_KEYS,
+    GPU_KEY,
     KV_CACHE_DTYPE_VALUES,
+    PARAM_KEYS,
     QUANTIZATION_VALUES,
     TrialConfig,
 )
@@ -137,12 +139,13 @@ def _show_space(obj: Any) -> None:
         typer.echo(f"  excluded {e.field}={e.value}: {e.reason}")
 
 
-CONFIG_METAVAR = "tp=N,max_batch_size=N,quantization=Q[,kv_cache_dtype=D]"
+CONFIG_METAVAR = "tp=N,max_batch_size=N,quantization=Q[,kv_cache_dtype=D][,gpu=PRODUCT]"
 
 
 def parse_config(text: str) -> TrialConfig:
     """`tp=2,max_batch_size=128,quantization=fp8,kv_cache_dtype=auto` -> TrialConfig
-    (kv_cache_dtype defaults to auto). The `--config` option's parameter type."""
+    (kv_cache_dtype defaults to auto; `gpu`, the pool of spec.gpu.pools to serve on, to the
+    first). The `--config` option's parameter type."""
     values: dict[str, str] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -151,8 +154,8 @@ def parse_config(text: str) -> TrialConfig:
         key = key.strip()
         if not sep or not value.strip():
             raise InputError(f"--config: {part!r} is not KEY=VALUE")
-        if key not in CONFIG_KEYS:
-            raise InputError(f"--config: unknown key {key!r}; keys: {', '.join(CONFIG_KEYS)}")
+        if key not in PARAM_KEYS:
+            raise InputError(f"--config: unknown key {key!r}; keys: {', '.join(PARAM_KEYS)}")
         values[key] = value.strip()
     values.setdefault("kv_cache_dtype", "auto")
     missing = [k for k in CONFIG_KEYS if k not in values]
@@ -173,8 +176,9 @@ def parse_config(text: str) -> TrialConfig:
             f"--config: kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_VALUES)}"
         )
     return TrialConfig(
-        ints["tp"], ints["max_batch_size"], values["quantization"], values["kv_cache_dtype"]
-    )
+        ints["tp"], ints["max_batch_size"], values["quantization"], values["kv_cache_dtype"],
+        values.get(GPU_KEY, ""),
+    )  # fmt: skip
 
 
 def render(
@@ -218,9 +222,16 @@ def _check_servable(obj: Any, config: TrialConfig, *, weights: bool) -> None:
     (`weights`: the rendered server loads real weights, unless the spec says simulated)."""
     from infertune_operator.api.feasibility import weights_problem
     from infertune_operator.api.to_request import to_request
+    from infertune_tuner import pools
     from infertune_tuner.servable import config_problems, fit_problem
 
     request = to_request(obj)
+    known = config.gpu == request.gpu.product or config.gpu in pools.products(request)
+    if config.gpu and not known:
+        listed = ", ".join(pools.products(request)) or request.gpu.product
+        raise InputError(f"--config gpu={config.gpu}: not a pool of this spec ({listed})")
+    if config.gpu:
+        request = pools.single(request, config.gpu)
     arch, gpu = request.resolve_model(), request.resolve_gpu()
     problems = config_problems(arch, gpu, config, max_gpus=request.gpu.max_gpus_per_replica)
     if weights and (missing := weights_problem(request, "triton")) is not None:
