@@ -9,21 +9,25 @@ Worlds:
   the same model and lengths on every pool, prices and SLO in each spec (the README there says
   where they come from). Each pool's table is replayed with seeded run-to-run noise
   (worldset.NoisyReplay), each seed a new set of runs.
-- **simulated** (`SCENARIOS` below, prices stated there): two pools each, every pool a simulated
-  world of one family of `benchmarks/worlds/` (behaviour that differs in form from the
-  performance model), the family chosen by the seed. Scored with the shipped hyperprior, which
+- **simulated** (`SCENARIOS` below, prices stated there): eight of two pools each, every pool
+  a simulated world of one family of `benchmarks/worlds/` (behaviour that differs in form from
+  the performance model), the family chosen by the seed. Scored with the shipped hyperprior, which
   was fitted on these families: the real worlds are the held-out number.
 
 A run is *right* when the configuration it chooses truly meets every bound within 2 % and its
 true cost per million output tokens is within 2 % of the cheapest true cost among
 configurations that truly meet every bound by more than 2 % (whether a configuration closer to
 a bound than that meets it is what a few noisy runs cannot resolve: tuner_efficiency.py's
-resolution zone, at its floor). Trials are executed trials (confirmations included). A pool is
-*ruled out by the model* when its predicted cheapest cost is at least `RULED_OUT` times the
-predicted cheapest of all pools and the truth agrees that it loses (its true cheapest is more
-than `LOSES` above the cheapest): the trials a run spends on such pools are counted. A pool the
-model writes off that truly wins or comes close is counted apart (`misjudged`): trials there
-are the search correcting the model.
+resolution zone, at its floor). Trials are executed trials (confirmations included).
+
+What a pool the model writes off costs, two ways: a pool whose predicted cheapest cost is at
+least `RULED_OUT` times the predicted cheapest of all pools (*written off*), and a pool the
+search's own prior, before any trial, gives less than `RULED_OUT_P` of holding the cheapest
+configuration that meets the SLO (*ruled out*: joint draws of the posterior with no
+measurement, as the search draws them), each counted only where the truth agrees that it loses
+(its true cheapest more than `LOSES` above the cheapest); the trials a run spends on such pools
+are counted. A pool written off that truly wins or comes close is counted apart (`misjudged`):
+trials there are the search correcting the model.
 
     python benchmarks/pool_tuning.py [--seeds 20] [--jobs 2] [--worlds real,simulated]
         [--pool-correlation RHO] [--verbose]
@@ -50,6 +54,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import numpy as np
 from worlds import FAMILIES, WorldBackend
 from worldset import NoisyReplay, scenario_request, slo
 
@@ -61,14 +66,19 @@ from infertune_tuner.backends.per_pool import PerPool
 from infertune_tuner.backends.replay import load_table
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.measurement import Measurement
+from infertune_tuner.perfmodel.latency import Prediction
 from infertune_tuner.request import GpuPool, GpuRef, TuningRequest
 from infertune_tuner.run import prior_predictions, tune
+from infertune_tuner.search.evidence import Evidence
+from infertune_tuner.search.posterior import MemoryFit, Posterior, Prior, residuals
 from infertune_tuner.search.settings import SearchSettings
-from infertune_tuner.space import search_space
+from infertune_tuner.space import SearchSpace, search_space
 
 POOL_WORLDS = HERE / "pool-worlds"
 RULED_OUT = 1.5  # predicted cheapest cost this many times the best pool's: the model rules it out
 LOSES = 0.10  # ... and its true cheapest is this much above the cheapest: it truly loses
+RULED_OUT_P = 0.05  # the prior gives it less than this chance of holding the optimum
+DRAWS = 2000
 NEAR = 0.02  # within 2 % of the cheapest cost; a bound met within 2 %
 B = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 # USD per GPU-hour: Lambda's on-demand list (https://lambda.ai/instances, 8x instances; GH200 1x)
@@ -95,6 +105,13 @@ SCENARIOS = [
      256, slo(("itl_ms", "p50", 30)), [1, 2, 4, 8], B, ["fp16", "w4a16_awq"], ["auto"], 2.0),
     ("qwen2-7b L4 or L40S", "qwen2-7b", ["L4-24GB", "L40S-48GB"], 4, 1024, 512,
      slo(("e2e_ms", "p95", 20000)), [1, 2, 4], B, ["bf16", "fp8"], ["auto", "fp8"], 2.0),
+    # Pools the model's prior gives little chance (3.8 % and 5.9 % of holding the optimum).
+    ("llama3-70b L40S or H100", "llama-3-70b", ["L40S-48GB", "H100-SXM-80GB"], 8, 1024, 256,
+     slo(("ttft_ms", "p95", 2000), ("itl_ms", "p95", 40)), [1, 2, 4, 8], B, ["bf16", "fp8"],
+     ["auto", "fp8"], 1.0),
+    ("llama3.1-8b L4 or B200", "llama-3.1-8b", ["L4-24GB", "B200-SXM-192GB"], 8, 2048, 512,
+     slo(("ttft_ms", "p95", 1000), ("itl_ms", "p95", 20)), [1, 2, 4], B, ["bf16", "fp8"],
+     ["auto", "fp8"], 1.0),
 ]  # fmt: skip
 
 
@@ -110,8 +127,9 @@ class Outcome:
     case: Case
     right: bool
     trials: int
-    ruled_out_trials: list[int]  # per pool the model rules out, the trials spent on it
+    ruled_out_trials: list[int]  # per pool predicted >= RULED_OUT x costlier, trials spent on it
     misjudged: int  # pools the model writes off that truly win or come within LOSES
+    prior_trials: list[int]  # per pool the prior gives < RULED_OUT_P, trials spent on it
     chosen: str
     cheapest: str
     excess: float  # true cost of the chosen / the cheapest true cost - 1
@@ -186,16 +204,20 @@ def run_case(case: Case, correlation: float | None = None) -> Outcome:
     best_predicted = min(by_pool.values())
     written_off = [p for p in pools.products(req)
                    if by_pool.get(p, float("inf")) >= RULED_OUT * best_predicted]  # fmt: skip
-    ruled_out = [p for p in written_off
-                 if true_by_pool.get(p, float("inf")) > (1 + LOSES) * feasible[cheapest]]  # fmt: skip
+    loses = {p for p in pools.products(req)
+             if true_by_pool.get(p, float("inf")) > (1 + LOSES) * feasible[cheapest]}  # fmt: skip
+    ruled_out = [p for p in written_off if p in loses]
     settings = (
         SearchSettings() if correlation is None else SearchSettings(pool_correlation=correlation)
     )
+    unlikely = [p for p, share in prior_shares(req, space, predicted, settings).items()
+                if share < RULED_OUT_P and p in loses]  # fmt: skip
     with tempfile.TemporaryDirectory() as out:
         report = tune(req, backend=PerPool(inner), out_dir=Path(out), settings=settings)
     assert report is not None
     executed = [t for t in report.trials if t.executed]
     spent = [sum(1 for t in executed if t.config.gpu == p) for p in ruled_out]
+    prior_spent = [sum(1 for t in executed if t.config.gpu == p) for p in unlikely]
     chosen = report.best.config.to_config() if report.best else None
     right = False
     excess = float("inf")
@@ -204,7 +226,35 @@ def run_case(case: Case, correlation: float | None = None) -> Outcome:
         excess = cost(chosen, m.output_tokens_per_s_per_gpu) / feasible[cheapest] - 1
         right = _meets(req, m, NEAR) and excess <= NEAR
     return Outcome(case, right, report.executed_trials, spent, len(written_off) - len(ruled_out),
-                   chosen.label() if chosen else "none", cheapest.label(), excess)  # fmt: skip
+                   prior_spent, chosen.label() if chosen else "none", cheapest.label(),
+                   excess)  # fmt: skip
+
+
+def prior_shares(
+    req: TuningRequest, space: SearchSpace, predicted: dict[TrialConfig, Prediction],
+    settings: SearchSettings,
+) -> dict[str, float]:  # fmt: skip
+    """Per pool, the share of the prior's joint draws (no measurement yet) in which the pool
+    holds the cheapest configuration that fits and meets every bound."""
+    prior = Prior.build(req, space, predicted, settings)
+    empty = Evidence(req)
+    post = Posterior.fit(residuals(empty, prior), prior, settings)
+    fit = MemoryFit.learn([], settings)
+    configs = list(prior.universe)
+    rng = np.random.default_rng(0)
+    tps_err, lat_err = post.sample(configs, DRAWS, rng, configs)
+    value = np.array([prior.objective[c] for c in configs]) * np.exp(tps_err)
+    ok = np.ones_like(value, dtype=bool)
+    for b in prior.bounds:
+        pred = np.array([b.predicted[c] for c in configs])
+        ok &= pred * np.exp(lat_err[b.key]) <= b.bound.max_ms
+    margins = np.array([prior.margin[c] for c in configs])
+    ok &= (margins[None, :] + fit.sample(DRAWS, rng)[:, None]) > 0
+    best = np.where(ok, value, -np.inf).argmax(axis=1)
+    any_ok = ok.any(axis=1)
+    pools_of = np.array([c.gpu for c in configs])
+    return {p: float(((pools_of[best] == p) & any_ok).sum() / max(any_ok.sum(), 1))
+            for p in pools.products(req)}  # fmt: skip
 
 
 def cases(kinds: list[str], seeds: int) -> list[Case]:
@@ -223,12 +273,19 @@ def summary(label: str, outs: list[Outcome]) -> str:
         return f"{label}: no runs"
     trials = sorted(o.trials for o in outs)
     spent = [n for o in outs for n in o.ruled_out_trials]
+    by_prior = [n for o in outs for n in o.prior_trials]
     p90 = trials[min(len(trials) - 1, int(0.9 * len(trials)))]
     ruled = (
         f"ruled-out pools: {len(spent)} (runs x pools), trials on one median "
         f"{statistics.median(spent):g}, max {max(spent)}"
         if spent
         else "ruled-out pools: none"
+    )
+    ruled += (
+        f"; ruled out by the prior (P < {RULED_OUT_P:.0%}): {len(by_prior)}, trials on one median "
+        f"{statistics.median(by_prior):g}, max {max(by_prior)}"
+        if by_prior
+        else ""
     )
     misjudged = sum(o.misjudged for o in outs)
     return (

@@ -67,7 +67,7 @@ class Structure:
         # pool coordinates), so what covering would guard against is in P(beats) already
         # (measured: covering pools too cost a median trial more, benchmarks/pool_tuning.py,
         # and found nothing more).
-        tp, weights, _ = prior.structure.get(cfg, (str(cfg.tp), cfg.quantization, cfg.gpu))
+        tp, weights = prior.structure.get(cfg, (str(cfg.tp), cfg.quantization))
         return cls("tp", tp), cls("quantization", weights)
 
     def label(self) -> str:

@@ -24,6 +24,8 @@ One entry, `assess(evidence, prior, settings)`, answers a decision's whole quest
        E(x, x') = exp(-sum_d (x_d - x'_d)^2 / (2 l_d^2))
 
    plus run-to-run noise (divided by the repeats; learned from them, never below the prior).
+   Where the request lists several GPU pools, k is multiplied by the pools' correlation
+   (`pool_coordinates`): 1 on one pool, `pool_correlation` within a GPU architecture, 0 across.
    No hyperparameter is fixed: a run weighs settings spread over the hyperprior (hyperprior.py,
    fitted across worlds of many forms) by the marginal likelihood of its own measurements and
    predicts with the mixture. Under the closed-loop load, Little's law ties latency to
@@ -194,8 +196,7 @@ class Prior:
     universe: tuple[TrialConfig, ...]  # not ruled out by the memory model's wide margin
     tps: Mapping[TrialConfig, float]  # predicted tok/s/GPU
     features: Mapping[TrialConfig, np.ndarray]
-    # Its TP, its weights' twins name and its pool ("" on one pool).
-    structure: Mapping[TrialConfig, tuple[str, str, str]]
+    structure: Mapping[TrialConfig, tuple[str, str]]  # its TP and its weights' twins name
     decode_bound: Mapping[TrialConfig, float]  # evidence.decode_bound
     bounds: tuple[Bound, ...]
     particles: Mapping[QuantityKey, tuple[Hyper, ...]]  # hyperparameter settings per quantity
@@ -243,7 +244,7 @@ class Prior:
             universe=tuple(c for c in configs if margin[c] >= -settings.wide_margin),
             tps={c: predictions[c].output_tokens_per_s_per_gpu for c in configs},
             features=feats,
-            structure={c: (str(c.tp), twins(c.quantization), c.gpu) for c in configs},
+            structure={c: (str(c.tp), twins(c.quantization)) for c in configs},
             decode_bound={c: decode_bound(model, gpu[c], c) for c in configs},
             worth=worth,
             objective={c: predictions[c].output_tokens_per_s_per_gpu * worth[c] for c in configs},
