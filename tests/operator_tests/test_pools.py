@@ -126,3 +126,17 @@ async def test_a_simulated_tuning_simulates_every_pool_in_one_job(
     [job] = await wait_for(lambda: jobs_of(api, "sim"), what="one tuner Job")
     env = {e["name"] for e in _pod(job)["containers"][0]["env"]}
     assert "INFERTUNE_POOL" not in env and "nodeSelector" not in _pod(job)
+
+
+def test_the_job_names_the_controller_looks_up_are_the_jobs_it_creates() -> None:
+    from infertune_operator.objects.tuner_job import tuner_job_names, tuner_jobs
+    from infertune_operator.policy.tuning import validate
+
+    for settings, backend in ((WITH_STORAGE, {}), (SETTINGS, {"backend": "simulated"})):
+        body = manifest("names", gpu=POOLS, tuning={**TUNING, **backend})
+        obj, problems = validate(body)
+        assert obj is not None, problems
+        rendered = [j["metadata"]["name"] for j in tuner_jobs(obj, body, "abc12345", settings)]
+        assert rendered == tuner_job_names(obj, "names", "abc12345", settings)
+        assert len(rendered) == (2 if not backend else 1)
+        assert all(len(n) <= 63 for n in rendered)

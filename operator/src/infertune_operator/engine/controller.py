@@ -241,8 +241,7 @@ def _tuning(
     replaced (see :func:`_create_owned`).
     """
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    wanted = tuner_job.tuner_jobs(obj, body, th, ctx.settings)  # one, or one per GPU pool
-    names = [j["metadata"]["name"] for j in wanted]
+    names = tuner_job.tuner_job_names(obj, name, th, ctx.settings)  # one, or one per GPU pool
     found: dict[str, Body] = {}
     for job_name in [] if new else names:
         job = ctx.kube.get(JOBS, namespace, job_name)
@@ -251,8 +250,9 @@ def _tuning(
     created = set(names) - set(found)
     if created:
         try:
-            started = _start_tuning(ctx, obj, body, th, [j for j in wanted if j["metadata"]["name"]
-                                                          in created])  # fmt: skip
+            wanted = tuner_job.tuner_jobs(obj, body, th, ctx.settings)
+            missing = [j for j in wanted if j["metadata"]["name"] in created]
+            started = _start_tuning(ctx, obj, body, th, missing)
         except (creates.NotOurs, ClientError) as exc:
             if (why := creates.refused(exc)) is None:
                 raise

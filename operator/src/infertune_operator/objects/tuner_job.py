@@ -148,11 +148,18 @@ def job_uid_env() -> Body:
     return {"name": TUNER_JOB_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": field}}}
 
 
+def tuner_job_names(obj: InferenceDeployment, name: str, th: str, settings: Settings) -> list[str]:
+    """The names of the Jobs that tune one spec: one, or one per GPU pool
+    (``tuner_workers.pool_jobs``), each on its pool's nodes and a worker of the one study."""
+    if not tuner_workers.pool_jobs(obj, settings):
+        return [job_name(name, th)]
+    return [pool_job_name(name, th, i) for i in range(len(obj.spec.gpu.products))]
+
+
 def tuner_jobs(
     obj: InferenceDeployment, body: Mapping[str, Any], th: str, settings: Settings
 ) -> list[Body]:
-    """The Jobs that tune one spec: one, or one per GPU pool (``tuner_workers.pool_jobs``),
-    each on its pool's nodes and a worker of the one study."""
+    """The Jobs :func:`tuner_job_names` names, rendered."""
     if not tuner_workers.pool_jobs(obj, settings):
         return [tuner_job(obj, body, th, settings)]
     return [tuner_job(obj, body, th, settings, pool=i) for i in range(len(obj.spec.gpu.products))]
