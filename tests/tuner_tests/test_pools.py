@@ -208,3 +208,19 @@ def test_render_serves_a_configuration_on_the_pool_it_names(cli: CliRunner) -> N
     other = cli.invoke(app, ["render", str(EXAMPLE), "--config", f"{config},gpu=B200-SXM-192GB"])
     assert other.exit_code == 2
     assert "not a pool of this spec (A100-SXM-80GB, H100-SXM-80GB)" in other.stderr
+
+
+def test_a_pool_the_budget_left_unmeasured_is_not_called_ruled_out(
+    tmp_path: Path, cli: CliRunner
+) -> None:
+    result = cli.invoke(app, ["tune", str(EXAMPLE), "--out", str(tmp_path), "--max-trials", "1"])
+    assert result.exit_code == 3, result.output  # one trial, and it missed the SLO
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stop"] == "budget"
+    [unmeasured] = [p for p in report["pools"] if p["executed_trials"] == 0]
+    assert unmeasured["verdict"] == "not_reached"
+    assert "the search stopped before it" in unmeasured["reason"]
+    assert (
+        "(0 trials) - not reached" in result.stdout
+        and "(1 trial) - missed the SLO" in result.stdout
+    )

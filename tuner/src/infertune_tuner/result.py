@@ -285,7 +285,7 @@ class Best(Record):
     )
 
 
-PoolVerdict = Literal["chosen", "costlier", "missed_slo", "ruled_out", "excluded"]
+PoolVerdict = Literal["chosen", "costlier", "missed_slo", "ruled_out", "not_reached", "excluded"]
 
 
 class PoolOutcome(Record):

@@ -338,7 +338,13 @@ def build_report(
         could_not_run=[]
         if stop.kind == StopKind.ABORTED
         else could_not_run(assessment, executed, space),
-        pools=pool_outcomes(known, assessment, prior, executed),
+        pools=pool_outcomes(
+            known,
+            assessment,
+            prior,
+            executed,
+            decided=stop.kind in DECIDED,
+        ),
         duration_s=round(duration_s, 3),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         infertune_version=__version__,
@@ -353,13 +359,24 @@ def _cost(request: TuningRequest, cfg: TrialConfig, tps: float | None) -> float 
     return round(cost, 4) if cost is not None else None
 
 
+# The search stopped by its own rule: a pool it never measured was ruled out, not left unreached.
+DECIDED = (StopKind.CONVERGED, StopKind.INFEASIBLE, StopKind.RULED_OUT, StopKind.EXHAUSTED)
+
+
 def pool_outcomes(
-    known: Evidence, a: Assessment, prior: Prior, executed: list[ExecutedTrial]
+    known: Evidence,
+    a: Assessment,
+    prior: Prior,
+    executed: list[ExecutedTrial],
+    *,
+    decided: bool,
 ) -> list[PoolOutcome]:
     """Per pool of a several-pool request, its best measured configuration and why it won or
     lost: the cheapest per million output tokens wins; a pool is costlier, or nothing measured
     on it met the SLO, or it was never measured because the posterior gave its configurations
-    no real chance (the model ruled it out), or nothing of the space can run on it."""
+    no real chance (the model ruled it out; `decided`: the search stopped by its own rule, not
+    on a budget, a deadline or a Ctrl-C, which leave a pool not reached), or nothing of the
+    space can run on it."""
     request = prior.request
     chosen = known.best
     excluded = {e.value: e.reason for e in prior.space.excluded if e.field == "gpu"}
@@ -389,7 +406,16 @@ def pool_outcomes(
             )
         elif runs:
             verdict = "missed_slo"
-            reason = f"nothing of the {runs} trial(s) measured on it met the SLO"
+            reason = f"nothing of the {runs} trial(s) measured on it met the SLO" + (
+                f"; P = {p_beat:.1%} that an untried one beats the chosen one"
+                if p_beat is not None else ""
+            )  # fmt: skip
+        elif not decided:
+            verdict = "not_reached"
+            reason = "never measured: the search stopped before it" + (
+                f" (the likeliest beats the chosen one with P = {p_beat:.1%})"
+                if p_beat is not None else ""
+            )  # fmt: skip
         else:
             verdict = "ruled_out"
             reason = "never measured: the model gives none of its configurations a real chance" + (

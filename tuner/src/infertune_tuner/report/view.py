@@ -416,16 +416,23 @@ def _money(cost: float) -> str:
     return f"${cost:.3g}"
 
 
+VERDICTS = {
+    "chosen": "chosen", "costlier": "costlier", "missed_slo": "missed the SLO",
+    "ruled_out": "ruled out", "not_reached": "not reached", "excluded": "excluded",
+}  # fmt: skip
+
+
 def pool_outcome_line(p: PoolOutcome) -> str:
     """One pool: its price, its best and its cost, and why it won or lost."""
-    head = f"{p.product} at {_money(p.price_per_gpu_hour)}/GPU-hour ({p.executed_trials} trials)"
+    n = p.executed_trials
+    head = f"{p.product} at {_money(p.price_per_gpu_hour)}/GPU-hour ({n} trial{'s' * (n != 1)})"
     if p.best is not None and p.cost_per_million_output_tokens is not None:
         head += (
             f": best {_config(p.best)[len(p.product) + 2 :]}, "
             f"{p.output_tokens_per_s_per_gpu or 0:.0f} tok/s/GPU, "
             f"{_money(p.cost_per_million_output_tokens)} per 1M output tokens"
         )
-    return f"{head} - {p.verdict.replace('_', ' ')}: {p.reason}"
+    return f"{head} - {VERDICTS[p.verdict]}: {p.reason}"
 
 
 def pool_line(report: Report) -> str | None:
