@@ -75,8 +75,11 @@ def cheapest_price(request: TuningRequest) -> float | None:
     return min(prices) if prices else None
 
 
-def objective_label(request: TuningRequest, objective: float) -> str:
-    """An objective value as a user reads it: tok/s/GPU on one pool, the cost per million output
-    tokens (at the cheapest pool's price, which is what `worth` scales to) on several."""
+def beats(request: TuningRequest, objective: float) -> str:
+    """'beats X' for an objective value as a user reads it: tok/s/GPU on one pool; on several,
+    'undercuts' the cost per million output tokens (at the cheapest pool's price, which is what
+    `worth` scales to)."""
     cost = cost_per_million(cheapest_price(request), objective)
-    return f"{objective:.0f} tok/s/GPU" if cost is None else f"${cost:.3g} per 1M output tokens"
+    if cost is None:
+        return f"beats {objective:.0f} tok/s/GPU"
+    return f"undercuts ${cost:.3g} per 1M output tokens"

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from infertune_tuner.config import TrialConfig
-from infertune_tuner.pools import objective_label
+from infertune_tuner.pools import beats
 from infertune_tuner.result import Chances, ConfigOut
 from infertune_tuner.search.evidence import Decision, Evidence
 from infertune_tuner.search.failures import atoms
@@ -387,8 +387,7 @@ class Planner:
             return self._measure(a, a.candidates[i], "probe")
         if a.best is not None:
             return Decision(None, stop=StopReason(StopKind.CONVERGED, (
-                f"P(an untried configuration beats {objective_label(self.prior.request, a.best_tps)} "
-                "by more than "
+                f"P(an untried configuration {beats(self.prior.request, a.best_tps)} by more than "
                 f"{st.improvement:.0%}) = {a.p_untried:.1%} < {100 * st.stop_probability:.3g}%; "
                 f"confidence the optimum was found: {conf:.1%}"
             )), confidence=conf)  # fmt: skip
