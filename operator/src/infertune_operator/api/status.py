@@ -67,7 +67,9 @@ class BestMetrics(ApiModel):
             m.column(p): measured.latency(m.key, p) for m in LATENCY_METRICS for p in PERCENTILES
         }
         fields[OBJECTIVE.status_field] = OBJECTIVE.of(measured)
-        return cls(**fields, slo_met=slo_met, cost_per_million_output_tokens=cost)
+        if cost is not None:  # one pool: the status writes what it always did
+            fields["cost_per_million_output_tokens"] = cost
+        return cls(**fields, slo_met=slo_met)
 
 
 class TrialCounts(ApiModel):
