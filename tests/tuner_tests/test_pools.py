@@ -224,3 +224,24 @@ def test_a_pool_the_budget_left_unmeasured_is_not_called_ruled_out(
         "(0 trials) - not reached" in result.stdout
         and "(1 trial) - missed the SLO" in result.stdout
     )
+
+
+def test_a_pools_study_exports_a_replay_table_per_pool_that_replays_it(
+    tmp_path: Path, cli: CliRunner
+) -> None:
+    world = "mistral-7b-256"
+    spec = str(WORLDS / f"{world}.json")
+    first = cli.invoke(app, ["tune", spec, "--backend", replay_spec(world), "--out",
+                             str(tmp_path / "a")])  # fmt: skip
+    assert first.exit_code == 0, first.output
+    exported = cli.invoke(app, ["export-replay", str(tmp_path / "a"), "-o",
+                                str(tmp_path / "t.csv")])  # fmt: skip
+    assert exported.exit_code == 0, exported.output
+    tables = {Path(p).name for p in exported.stdout.split()}
+    assert tables == {"t.A100-SXM-40GB.csv", "t.H100-SXM-80GB.csv"}
+    again = cli.invoke(app, ["tune", spec, "--out", str(tmp_path / "b"), "--backend",
+                             "replay:" + ",".join(f"{t.split('.')[1]}={tmp_path / t}"
+                                                  for t in sorted(tables))])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    best = [json.loads((tmp_path / d / "report.json").read_text())["best"] for d in "ab"]
+    assert best[0]["config"] == best[1]["config"]

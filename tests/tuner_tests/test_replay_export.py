@@ -217,7 +217,7 @@ def test_an_export_keeps_what_failed_with_its_reason_and_phase(tmp_path: Path) -
     report = tune(req, backend=_Tp8Fails(req), out_dir=tmp_path / "run")
     write_report(report, tmp_path / "run")
     for source in ("report.json", "study.journal"):
-        found = export(tmp_path / "run" / source, tmp_path / f"{source}.csv")
+        found, _ = export(tmp_path / "run" / source, tmp_path / f"{source}.csv")
         rows = load_table(tmp_path / f"{source}.csv")
         failed = {c: m for c, m in rows.items() if m.status == "error"}
         assert failed and all(c.tp == 8 for c in failed), source

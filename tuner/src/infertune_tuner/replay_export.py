@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -168,10 +168,21 @@ def load(source: Path) -> Export:
     return from_report(read_report(source), source)
 
 
-def export(source: Path, table: Path) -> Export:
-    """Write the replay table of `source` to `table`; returns what was exported."""
+def export(source: Path, table: Path) -> tuple[Export, list[Path]]:
+    """Write the replay table of `source` to `table` (a study over several GPU pools: one table
+    per pool, `TABLE.PRODUCT.csv`, what `--backend replay:PRODUCT=TABLE,...` reads); returns
+    what was exported and the tables written."""
     found = load(source)
     if not found.measured:
         raise InputError(f"{source}: no trial measured anything; there is nothing to replay")
-    write_table(table, found.rows)
-    return found
+    products = sorted({cfg.gpu for cfg in found.rows})
+    if products == [""]:
+        write_table(table, found.rows)
+        return found, [table]
+    written = []
+    for product in products:
+        path = table.with_name(f"{table.stem}.{product}{table.suffix}")
+        rows = {replace(c, gpu=""): m for c, m in found.rows.items() if c.gpu == product}
+        write_table(path, rows)
+        written.append(path)
+    return found, written

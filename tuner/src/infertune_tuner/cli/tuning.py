@@ -286,9 +286,10 @@ def export_replay(
 
     folder = source if source.is_dir() else source.parent
     table = out or folder / "replay.csv"
-    found = export(source, table)
+    found, tables = export(source, table)
     typer.echo(f"exported {found.summary()}", err=True)
-    typer.echo(str(table))
+    for written in tables:  # several GPU pools: a table each
+        typer.echo(str(written))
 
 
 def predict(
