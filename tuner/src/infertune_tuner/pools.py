@@ -13,8 +13,6 @@ one objective that compares configurations across pools.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from infertune_tuner.catalog.gpus import Gpu, get_gpu
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.request import GpuRef, TuningRequest
@@ -62,11 +60,6 @@ def single(request: TuningRequest, product: str) -> TuningRequest:
     own = next((p.max_gpus_per_replica for p in request.gpu.pools if p.product == product), None)
     gpu = GpuRef(product=product, max_gpus_per_replica=own or request.gpu.max_gpus_per_replica)
     return request.model_copy(update={"gpu": gpu})
-
-
-def on_pool(cfg: TrialConfig, product: str) -> TrialConfig:
-    """`cfg` on another pool."""
-    return replace(cfg, gpu=product)
 
 
 def cheapest_price(request: TuningRequest) -> float | None:
