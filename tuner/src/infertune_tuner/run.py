@@ -21,7 +21,7 @@ import optuna
 from infertune_tuner import __version__, defaults, pools
 from infertune_tuner.backends import make_backend
 from infertune_tuner.backends.base import BenchmarkBackend, OnPhase
-from infertune_tuner.backends.per_pool import PerPool
+from infertune_tuner.backends.per_pool import PerPool, replay_parts
 from infertune_tuner.config import TrialConfig
 from infertune_tuner.errors import InputError
 from infertune_tuner.interrupt import by_ctrl_c, exit_behind, settle
@@ -267,9 +267,8 @@ def setup_fingerprint(backend: str | BenchmarkBackend, server_command: str | Non
     name = backend if isinstance(backend, str) else backend.name
     parts = [name, server_command or "", __version__]
     if isinstance(backend, str) and backend.startswith("replay:"):
-        # One table, or one per pool (PRODUCT=TABLE,...): each table's bytes.
-        for spec in backend.removeprefix("replay:").split(","):
-            table = Path(spec.partition("=")[2] if "=" in spec else spec)
+        for _, path in replay_parts(backend):  # one table, or one per pool: each one's bytes
+            table = Path(path)
             parts.append(hashlib.sha256(table.read_bytes()).hexdigest() if table.is_file() else "")
     return "setup-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 

@@ -41,17 +41,28 @@ class PerPool:
             b.close()
 
 
+def replay_parts(spec: str) -> list[tuple[str, str]]:
+    """The (product, table) pairs a `replay:` spec names: one ("", TABLE) for `replay:TABLE`,
+    one per pool for `replay:PRODUCT=TABLE,PRODUCT=TABLE`."""
+    body = spec.removeprefix("replay:")
+    if "=" not in body:
+        return [("", body)]
+    return [
+        (product.strip(), table.strip())
+        for product, _, table in (part.partition("=") for part in body.split(","))
+    ]
+
+
 def replay_tables(spec: str, request: TuningRequest) -> dict[str, Path]:
     """`replay:PRODUCT=TABLE,...` -> the table of each pool, every pool given exactly one."""
     wanted = pools.products(request)
     out: dict[str, Path] = {}
-    for part in spec.removeprefix("replay:").split(","):
-        product, sep, table = part.partition("=")
-        product, table = product.strip(), table.strip()
-        if not sep or not product or not table:
+    for product, table in replay_parts(spec):
+        if not product or not table:
+            example = ",".join(f"{p}={p}.csv" for p in wanted)
             raise InputError(
                 f"replay backend with several pools: give one table per pool, "
-                f"replay:{'=A.csv,'.join(wanted)}=B.csv (got {spec!r})"
+                f"replay:{example} (got {spec!r})"
             )
         if product not in wanted:
             raise InputError(

@@ -391,8 +391,6 @@ class Evidence:
     # Per measured configuration, the least room its typical run leaves inside a bound.
     room: dict[TrialConfig, float] = field(init=False)
     feasible: dict[TrialConfig, Measurement] = field(init=False)
-    # Per configuration run, what its tok/s/GPU is worth (pools.worth: 1 on one pool).
-    worth: dict[TrialConfig, float] = field(init=False)
     # Per measured configuration, the objective of its typical run: tok/s/GPU x worth.
     values: dict[TrialConfig, float] = field(init=False)
     # The highest objective: mean tok/s/GPU x worth (ties: fewer GPUs).
@@ -421,8 +419,11 @@ class Evidence:
             for c, m in measured.items()
             if m.status == "ok" and checks.get(c) and all(ch.ok for ch in checks[c])
         }
-        worth = {c: pools.worth(request, c) for c in self.runs}
-        values = {c: (m.output_tokens_per_s_per_gpu or 0.0) * worth[c] for c, m in measured.items()}
+        # Its objective: tok/s/GPU x what that is worth on its pool (pools.worth: 1 on one pool).
+        values = {
+            c: (m.output_tokens_per_s_per_gpu or 0.0) * pools.worth(request, c)
+            for c, m in measured.items()
+        }
         best = max(feasible, key=lambda c: (values[c], -c.tp, c)) if feasible else None
         counts = {c: len(ms) for c, ms in kept.items() if ms}
         put(self, "measured", measured)
@@ -435,7 +436,6 @@ class Evidence:
         put(self, "runs_meet", runs_meet)
         put(self, "room", room)
         put(self, "feasible", feasible)
-        put(self, "worth", worth)
         put(self, "values", values)
         put(self, "best", best)
         # The best's objective: its tok/s/GPU, x its pool's worth where there are several.
