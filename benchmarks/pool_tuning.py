@@ -27,7 +27,9 @@ configuration that meets the SLO (*ruled out*: joint draws of the posterior with
 measurement, as the search draws them), each counted only where the truth agrees that it loses
 (its true cheapest more than `LOSES` above the cheapest); the trials a run spends on such pools
 are counted. A pool written off that truly wins or comes close is counted apart (`misjudged`):
-trials there are the search correcting the model.
+trials there are the search correcting the model. Of the runs whose report claims at least
+`CLAIM` confidence that nothing beats its choice by more than 2 %, the share that were right
+says whether the confidence printed is earned.
 
     python benchmarks/pool_tuning.py [--seeds 20] [--jobs 2] [--worlds real,simulated]
         [--pool-correlation RHO] [--verbose]
@@ -79,6 +81,7 @@ RULED_OUT = 1.5  # predicted cheapest cost this many times the best pool's: the 
 LOSES = 0.10  # ... and its true cheapest is this much above the cheapest: it truly loses
 RULED_OUT_P = 0.05  # the prior gives it less than this chance of holding the optimum
 DRAWS = 2000
+CLAIM = 0.95  # a report claiming at least this confidence should be right this often
 NEAR = 0.02  # within 2 % of the cheapest cost; a bound met within 2 %
 B = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 # USD per GPU-hour: Lambda's on-demand list (https://lambda.ai/instances, 8x instances; GH200 1x)
@@ -130,6 +133,7 @@ class Outcome:
     ruled_out_trials: list[int]  # per pool predicted >= RULED_OUT x costlier, trials spent on it
     misjudged: int  # pools the model writes off that truly win or come within LOSES
     prior_trials: list[int]  # per pool the prior gives < RULED_OUT_P, trials spent on it
+    confidence: float | None  # what the report claims (None: no claim)
     chosen: str
     cheapest: str
     excess: float  # true cost of the chosen / the cheapest true cost - 1
@@ -226,8 +230,8 @@ def run_case(case: Case, correlation: float | None = None) -> Outcome:
         excess = cost(chosen, m.output_tokens_per_s_per_gpu) / feasible[cheapest] - 1
         right = _meets(req, m, NEAR) and excess <= NEAR
     return Outcome(case, right, report.executed_trials, spent, len(written_off) - len(ruled_out),
-                   prior_spent, chosen.label() if chosen else "none", cheapest.label(),
-                   excess)  # fmt: skip
+                   prior_spent, report.confidence, chosen.label() if chosen else "none",
+                   cheapest.label(), excess)  # fmt: skip
 
 
 def prior_shares(
@@ -288,6 +292,12 @@ def summary(label: str, outs: list[Outcome]) -> str:
         else ""
     )
     misjudged = sum(o.misjudged for o in outs)
+    claims = [o for o in outs if o.confidence is not None and o.confidence >= CLAIM]
+    ruled += (
+        f"; claims >= {CLAIM:.0%}: {sum(o.right for o in claims)} of {len(claims)} right"
+        if claims
+        else ""
+    )
     return (
         f"{label}: right {sum(o.right for o in outs)}/{len(outs)} "
         f"({sum(o.right for o in outs) / len(outs):.0%}), trials median "
